@@ -1,0 +1,39 @@
+"""django-dbqueue: the database you already run, as a reliable message and job queue."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+try:
+    __version__ = metadata.version("django-dbqueue")
+except metadata.PackageNotFoundError:  # running from a source tree
+    __version__ = "0.0.0"
+
+# The public API, imported lazily so that ``import django_dbqueue`` works
+# before Django's app registry is ready (settings, INSTALLED_APPS).
+_EXPORTS = {
+    "enqueue": "operations",
+    "enqueue_many": "operations",
+    "claim": "operations",
+    "ack_many": "operations",
+    "DbQueueError": "exceptions",
+    "InvalidQueueName": "exceptions",
+    "PayloadNotSerializable": "exceptions",
+    "InvalidOption": "exceptions",
+    "UnknownOption": "exceptions",
+    "LeaseLost": "exceptions",
+    "NotClaimed": "exceptions",
+    "ImproperlyConfiguredQueue": "exceptions",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_dbqueue' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f"django_dbqueue.{module}"), name)

@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+
+
+class DbQueueConfig(AppConfig):
+    name = "django_dbqueue"
+    label = "django_dbqueue"
+    verbose_name = "Database queue"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers the system checks)

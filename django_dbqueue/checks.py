@@ -1,0 +1,70 @@
+"""System checks: the DBQUEUE setting and what the queue's databases can do.
+
+Ids are stable: E001 setting, E002 no SKIP LOCKED, W001 REPEATABLE READ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import Error, Tags, Warning, register
+from django.db import connections
+
+from .conf import find_problems, get_settings, raw_setting
+
+DOCS = "docs/settings.md"
+
+
+@register()
+def check_setting(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    return [
+        Error(problem, hint=f"See {DOCS} for every key and its default.", id="django_dbqueue.E001")
+        for problem in find_problems(raw_setting())
+    ]
+
+
+def _queue_databases() -> set[str]:
+    if find_problems(raw_setting()):
+        return set()
+    dbq = get_settings()
+    return {dbq.defaults.database} | {options.database for options in dbq.queues.values()}
+
+
+@register(Tags.database)
+def check_databases(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Error | Warning]:
+    """Run only with ``--database`` (Django does not touch databases otherwise)."""
+    messages: list[Error | Warning] = []
+    for alias in sorted(_queue_databases() & set(databases or ())):
+        connection = connections[alias]
+        if connection.vendor == "sqlite":
+            continue
+        if not connection.features.has_select_for_update_skip_locked:
+            messages.append(
+                Error(
+                    f"database {alias!r} cannot SELECT ... FOR UPDATE SKIP LOCKED; "
+                    "django-dbqueue needs MySQL >= 8.0.1, MariaDB >= 10.6 or PostgreSQL",
+                    hint="See docs/databases.md.",
+                    id="django_dbqueue.E002",
+                )
+            )
+        if connection.vendor == "mysql" and _isolation_level(alias) == "REPEATABLE-READ":
+            messages.append(
+                Warning(
+                    f"database {alias!r} runs at REPEATABLE READ; queue operations want READ COMMITTED "
+                    "(a claim inside a longer transaction would not see newer messages, "
+                    "and gap locks make deadlocks more likely)",
+                    hint="Set DATABASES[...]['OPTIONS']['isolation_level'] = 'read committed' (Django's default). "
+                    "See docs/databases.md.",
+                    id="django_dbqueue.W001",
+                )
+            )
+    return messages
+
+
+def _isolation_level(alias: str) -> str:
+    connection = connections[alias]
+    # MariaDB names it tx_isolation; MySQL 8 removed that name.
+    variable = "tx_isolation" if connection.mysql_is_mariadb else "transaction_isolation"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT @@SESSION.{variable}")
+        return str(cursor.fetchone()[0]).upper()

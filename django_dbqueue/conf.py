@@ -1,0 +1,196 @@
+"""The one place where django-dbqueue reads its settings.
+
+Everything lives in a single ``DBQUEUE`` dict in the project's settings.
+Top-level keys are defaults; ``QUEUES`` overrides them per queue::
+
+    DBQUEUE = {
+        "VISIBILITY_TIMEOUT": 300,
+        "QUEUES": {"emails": {"MAX_ATTEMPTS": 10}},
+    }
+
+The rest of the app asks :func:`get_settings` (global values) or
+:func:`queue_options` (one queue's effective values) and never reads
+``django.conf.settings`` itself. Problems are reported by the system check
+``django_dbqueue.E001`` and by :class:`ImproperlyConfiguredQueue` at use.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .exceptions import ImproperlyConfiguredQueue
+
+
+def _number(minimum: float, *, allow_none: bool = False) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if value is None and allow_none:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"must be a number, not {type(value).__name__}"
+        if value < minimum:
+            return f"must be >= {minimum}, not {value!r}"
+        return None
+
+    return check
+
+
+def _integer(minimum: int) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be an integer, not {type(value).__name__}"
+        if value < minimum:
+            return f"must be >= {minimum}, not {value!r}"
+        return None
+
+    return check
+
+
+def _boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"must be True or False, not {value!r}"
+
+
+def _choice(*choices: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in choices else f"must be one of {', '.join(map(repr, choices))}, not {value!r}"
+
+    return check
+
+
+def _alias(value: Any) -> str | None:
+    if value not in settings.DATABASES:
+        return f"names no database in DATABASES: {value!r}"
+    return None
+
+
+# Keys that may be set globally and overridden per queue: (default, validator).
+QUEUE_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
+    "DATABASE": ("default", _alias),
+    "VISIBILITY_TIMEOUT": (300, _number(0.1)),
+    "MAX_ATTEMPTS": (5, _integer(1)),
+    "BACKOFF_BASE": (2.0, _number(0)),
+    "BACKOFF_MAX": (3600.0, _number(0)),
+    "BACKOFF_JITTER": (0.2, _number(0)),
+    "ARCHIVE": (True, _boolean),
+    "RETENTION_DAYS": (30, _number(0, allow_none=True)),
+    "UNHANDLED": ("dead", _choice("dead", "keep")),
+}
+
+# Keys that only make sense globally.
+GLOBAL_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
+    "TRANSIENT_RETRIES": (5, _integer(0)),
+    "ENQUEUE_BATCH_SIZE": (500, _integer(1)),
+    "HEARTBEAT_INTERVAL": (5.0, _number(0.1)),
+    "WORKER_STALE_AFTER": (10.0, _number(1)),
+    "POLL_INTERVAL": (1.0, _number(0.01)),
+    "MAX_POLL_INTERVAL": (5.0, _number(0.01)),
+    "REAP_INTERVAL": (5.0, _number(0.1)),
+}
+
+
+@dataclass(frozen=True)
+class QueueOptions:
+    """The effective settings of one queue."""
+
+    database: str
+    visibility_timeout: float
+    max_attempts: int
+    backoff_base: float
+    backoff_max: float
+    backoff_jitter: float
+    archive: bool
+    retention_days: float | None
+    unhandled: str
+
+
+@dataclass(frozen=True)
+class DbQueueSettings:
+    """The whole ``DBQUEUE`` setting, validated, with defaults filled in."""
+
+    transient_retries: int
+    enqueue_batch_size: int
+    heartbeat_interval: float
+    worker_stale_after: float
+    poll_interval: float
+    max_poll_interval: float
+    reap_interval: float
+    defaults: QueueOptions
+    queues: dict[str, QueueOptions] = field(default_factory=dict)
+
+    def for_queue(self, queue: str) -> QueueOptions:
+        return self.queues.get(queue, self.defaults)
+
+
+def raw_setting() -> Any:
+    return getattr(settings, "DBQUEUE", {})
+
+
+def find_problems(raw: Any) -> list[str]:
+    """Return a sentence for each problem in a ``DBQUEUE`` value (empty if fine)."""
+    if not isinstance(raw, dict):
+        return [f"DBQUEUE must be a dict, not {type(raw).__name__}"]
+    problems = []
+    for key, value in raw.items():
+        if key == "QUEUES":
+            continue
+        spec = QUEUE_KEYS.get(key) or GLOBAL_KEYS.get(key)
+        if spec is None:
+            problems.append(f"DBQUEUE has an unknown key {key!r}; known keys: {', '.join(sorted([*QUEUE_KEYS, *GLOBAL_KEYS, 'QUEUES']))}")
+        elif (why := spec[1](value)) is not None:
+            problems.append(f"DBQUEUE[{key!r}] {why}")
+    queues = raw.get("QUEUES", {})
+    if not isinstance(queues, dict):
+        return [*problems, f"DBQUEUE['QUEUES'] must be a dict of queue name to options, not {type(queues).__name__}"]
+    from .validation import queue_name_problem
+
+    for name, options in queues.items():
+        if (why := queue_name_problem(name)) is not None:
+            problems.append(f"DBQUEUE['QUEUES'] has a bad queue name: {why}")
+        if not isinstance(options, dict):
+            problems.append(f"DBQUEUE['QUEUES'][{name!r}] must be a dict, not {type(options).__name__}")
+            continue
+        for key, value in options.items():
+            spec = QUEUE_KEYS.get(key)
+            if spec is None:
+                problems.append(
+                    f"DBQUEUE['QUEUES'][{name!r}] has an unknown key {key!r}; "
+                    f"per-queue keys: {', '.join(sorted(QUEUE_KEYS))}"
+                )
+            elif (why := spec[1](value)) is not None:
+                problems.append(f"DBQUEUE['QUEUES'][{name!r}][{key!r}] {why}")
+    return problems
+
+
+def _queue_options(values: dict[str, Any]) -> QueueOptions:
+    return QueueOptions(**{key.lower(): values[key] for key in QUEUE_KEYS})
+
+
+@functools.cache
+def get_settings() -> DbQueueSettings:
+    """The validated settings; raises ImproperlyConfiguredQueue naming every problem."""
+    raw = raw_setting()
+    problems = find_problems(raw)
+    if problems:
+        raise ImproperlyConfiguredQueue("; ".join(problems))
+    merged = {key: raw.get(key, default) for key, (default, _) in QUEUE_KEYS.items()}
+    return DbQueueSettings(
+        **{key.lower(): raw.get(key, default) for key, (default, _) in GLOBAL_KEYS.items()},
+        defaults=_queue_options(merged),
+        queues={name: _queue_options({**merged, **options}) for name, options in raw.get("QUEUES", {}).items()},
+    )
+
+
+def queue_options(queue: str) -> QueueOptions:
+    return get_settings().for_queue(queue)
+
+
+@receiver(setting_changed)
+def _reset(setting: str, **kwargs: Any) -> None:
+    if setting in ("DBQUEUE", "DATABASES"):
+        get_settings.cache_clear()

@@ -1,0 +1,43 @@
+"""Every error django-dbqueue raises on purpose.
+
+Each exception names the problem in its message. They are raised before
+anything is written, so catching one means the database is unchanged.
+"""
+
+from __future__ import annotations
+
+
+class DbQueueError(Exception):
+    """Base class of every error raised by django-dbqueue."""
+
+
+class InvalidQueueName(DbQueueError, ValueError):
+    """A queue (or topic) name is empty, too long or has characters outside the allowed set."""
+
+
+class PayloadNotSerializable(DbQueueError, TypeError):
+    """A payload or headers value cannot be stored as JSON."""
+
+
+class InvalidOption(DbQueueError, ValueError):
+    """An option has a value of the wrong type or out of range."""
+
+
+class UnknownOption(DbQueueError, TypeError):
+    """An option name that django-dbqueue does not know (often a typo)."""
+
+
+class LeaseLost(DbQueueError):
+    """The message's lease expired or was taken over: the change was not made.
+
+    Raised only by the ``*_or_raise`` style helpers; the plain operations
+    return ``False`` instead, so a worker can carry on.
+    """
+
+
+class NotClaimed(DbQueueError):
+    """An operation that needs a claimed message was called on one that is not."""
+
+
+class ImproperlyConfiguredQueue(DbQueueError):
+    """The DBQUEUE setting is invalid (system checks report the same)."""

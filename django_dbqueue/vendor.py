@@ -1,0 +1,138 @@
+"""Everything that differs between MySQL/MariaDB, PostgreSQL and SQLite.
+
+The rest of django-dbqueue is plain ORM; when a database needs its own SQL
+or its own handling, the difference lives here and only here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import DateTimeField, Func
+from django.db.models.sql import Query
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+MYSQL_TRANSIENT_CODES = {
+    1205,  # lock wait timeout exceeded
+    1213,  # deadlock found when trying to get lock
+    2006,  # server has gone away
+    2013,  # lost connection during query
+    2003,  # can't connect (server restarting)
+    1927,  # MariaDB: connection was killed
+    4031,  # MariaDB: client disconnected by the server (inactivity)
+}
+POSTGRES_TRANSIENT_SQLSTATES = {"40001", "40P01", "57P01", "57P02", "57P03", "08000", "08003", "08006", "08001"}
+
+
+class DbNow(Func):
+    """The database server's current time, in UTC (DESIGN decision 5).
+
+    Django's ``Now()`` renders ``CURRENT_TIMESTAMP`` on MySQL, which is in the
+    session's time zone; we store UTC, so MySQL gets ``UTC_TIMESTAMP``.
+    """
+
+    template = "CURRENT_TIMESTAMP"
+    output_field = DateTimeField()
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        super().__init__()
+        self.seconds = float(seconds)
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        if self.seconds:
+            return "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)", [round(self.seconds * 1_000_000)]
+        return "UTC_TIMESTAMP(6)", []
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        # STATEMENT_TIMESTAMP(), not NOW(): NOW() is frozen at the transaction's start.
+        if self.seconds:
+            return "(STATEMENT_TIMESTAMP() + make_interval(secs => %s))", [self.seconds]
+        return "STATEMENT_TIMESTAMP()", []
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        # Django stores datetimes in SQLite as UTC text; compare like with like.
+        if self.seconds:
+            return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"{self.seconds:+.6f} seconds"]
+        return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now')", []
+
+
+def db_now(using: str) -> datetime:
+    """Read the database server's clock (one query), as an aware UTC datetime."""
+    connection = connections[using]
+    sql, params = Query(None).get_compiler(connection=connection).compile(DbNow())
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {sql}", params)
+        value = cursor.fetchone()[0]
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value, UTC)
+    return value
+
+
+def vendor(using: str) -> str:
+    return connections[using].vendor
+
+
+def can_skip_locked(using: str) -> bool:
+    connection = connections[using]
+    return connection.vendor == "sqlite" or connection.features.has_select_for_update_skip_locked
+
+
+@contextlib.contextmanager
+def claim_transaction(using: str) -> Iterator[None]:
+    """A short transaction for a claim.
+
+    MySQL and PostgreSQL lock the rows they pick with ``SKIP LOCKED``. SQLite
+    has no row locks: there the transaction takes the database's write lock
+    at ``BEGIN IMMEDIATE``, so claimers queue up on the lock (with the
+    connection's timeout) instead of reading the same rows and failing to
+    upgrade. Inside an outer transaction the outer one decides.
+    """
+    connection = connections[using]
+    if connection.vendor != "sqlite" or connection.in_atomic_block:
+        with transaction.atomic(using=using):
+            yield
+        return
+    connection.ensure_connection()
+    previous = connection.transaction_mode
+    connection.transaction_mode = "IMMEDIATE"
+    try:
+        with transaction.atomic(using=using):
+            connection.transaction_mode = previous
+            yield
+    finally:
+        connection.transaction_mode = previous
+
+
+def is_transient(exc: BaseException, using: str) -> bool:
+    """Whether an error is weather (deadlock, lost connection) worth retrying."""
+    kind = vendor(using)
+    cause = exc.__cause__ or exc
+    if kind == "mysql":
+        code = cause.args[0] if cause.args and isinstance(cause.args[0], int) else None
+        return code in MYSQL_TRANSIENT_CODES
+    if kind == "postgresql":
+        sqlstate = getattr(cause, "sqlstate", None)
+        if sqlstate in POSTGRES_TRANSIENT_SQLSTATES:
+            return True
+        return "connection" in str(cause).lower() and ("closed" in str(cause).lower() or "lost" in str(cause).lower())
+    if kind == "sqlite":
+        return "database is locked" in str(cause)
+    return False
+
+
+def lost_connection(using: str) -> bool:
+    """Whether the connection is unusable and must be reopened before a retry."""
+    connection = connections[using]
+    if connection.connection is None:
+        return False
+    try:
+        return not connection.is_usable()
+    except Exception:
+        return True

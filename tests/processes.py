@@ -1,0 +1,49 @@
+"""Run test roles in real OS processes against the test database.
+
+A child is ``python -m tests.child ROLE ARGS...``; it reaches the same test
+database as the pytest process through ``DBQUEUE_TEST_DATABASE_NAME`` and
+prints one JSON line with its results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["DBQUEUE_TEST_DATABASE_NAME"] = str(connection.settings_dict["NAME"])
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def start(role: str, *args: object, **env: str) -> subprocess.Popen[str]:
+    # Close our connection's transaction state first: children must see committed data.
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.child", role, *map(str, args)],
+        cwd=ROOT,
+        env=child_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def results(processes: list[subprocess.Popen[str]], timeout: float = 600) -> list[dict]:
+    """Wait for every child; fail with its stderr if one did not exit cleanly."""
+    out = []
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=timeout)
+        assert process.returncode == 0, f"child exited {process.returncode}:\n{stderr[-4000:]}"
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out

@@ -1,0 +1,93 @@
+"""Settings for the test suite.
+
+``DATABASE_URL`` picks the database (tox sets it per environment); the
+default is a SQLite file so the suite runs with no server. Child processes
+started by the tests get ``DBQUEUE_TEST_DATABASE_NAME`` and use the test
+database of the process that started them.
+"""
+
+import os
+import tempfile
+
+import environ
+
+env = environ.Env()
+suffix = env("DBQUEUE_TEST_DB_SUFFIX", default="")
+
+default = env.db_url(
+    "DATABASE_URL", default=f"sqlite:///{os.path.join(tempfile.gettempdir(), 'dbqueue-tests.sqlite3')}"
+)
+if default["ENGINE"].endswith("sqlite3"):
+    default["OPTIONS"] = {
+        "timeout": 60,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
+    }
+    base, ext = os.path.splitext(default["NAME"])
+    # A file, not :memory:, so that worker processes share it.
+    default["TEST"] = {"NAME": f"{base}-test{suffix}{ext}"}
+else:
+    default["TEST"] = {"NAME": f"test_{default['NAME']}{suffix}"}
+if default["ENGINE"].endswith("mysql"):
+    default.setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
+    default["TEST"].update({"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"})
+
+child_database = os.environ.get("DBQUEUE_TEST_DATABASE_NAME")
+if child_database:
+    default["NAME"] = child_database
+
+DATABASES = {"default": default}
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_dbqueue",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+DBQUEUE = {
+    "BACKOFF_BASE": 0.5,
+    "QUEUES": {
+        "no-archive": {"ARCHIVE": False},
+        "short": {"VISIBILITY_TIMEOUT": 1, "MAX_ATTEMPTS": 2},
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_dbqueue": {"handlers": ["console"], "level": "WARNING"}},
+}

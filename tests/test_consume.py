@@ -1,0 +1,180 @@
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+import django_dbqueue
+from django_dbqueue.exceptions import NotClaimed
+from django_dbqueue.models import ArchivedMessage, Message, Outcome
+from tests.factories import MessageFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_claim_leases_in_priority_then_age_order():
+    low = django_dbqueue.enqueue("q", {"n": "low"}, priority=5)
+    first = django_dbqueue.enqueue("q", {"n": "first"})
+    second = django_dbqueue.enqueue("q", {"n": "second"})
+    urgent = django_dbqueue.enqueue("q", {"n": "urgent"}, priority=-1)
+    claimed = Message.objects.claim("q", limit=3, worker="w1")
+    assert [m.pk for m in claimed] == [urgent.pk, first.pk, second.pk]
+    assert len({m.lease_token for m in claimed}) == 1
+    stored = Message.objects.get(pk=first.pk)
+    assert stored.attempts == 1 and stored.claimed_by == "w1" and stored.lease_token == claimed[0].lease_token
+    assert stored.available_at > stored.claimed_at
+    assert list(Message.objects.in_flight().order_by("pk").values_list("pk", flat=True)) == sorted(
+        [urgent.pk, first.pk, second.pk]
+    )
+    assert [m.pk for m in Message.objects.claim("q", 5)] == [low.pk]
+    assert Message.objects.claim("q") == []
+
+
+def test_claim_from_several_queues_serves_the_first_listed_first():
+    a = django_dbqueue.enqueue("a", {})
+    b1 = django_dbqueue.enqueue("b", {})
+    b2 = django_dbqueue.enqueue("b", {})
+    assert [m.pk for m in Message.objects.claim(["b", "a"], 2)] == [b1.pk, b2.pk]
+    assert [m.pk for m in Message.objects.claim(["b", "a"], 2)] == [a.pk]
+
+
+def test_claim_skips_scheduled_and_expired():
+    django_dbqueue.enqueue("q", {}, delay=3600)
+    MessageFactory(queue="q", expires_at=timezone.now() - timedelta(seconds=1))
+    assert Message.objects.claim("q", 10) == []
+
+
+def test_visibility_timeout_comes_from_the_queue_setting():
+    django_dbqueue.enqueue("short", {})
+    [message] = Message.objects.claim("short")
+    assert timedelta(seconds=0.9) <= message.available_at - message.claimed_at <= timedelta(seconds=1.1)
+
+
+def test_ack_archives_and_deletes():
+    sent = django_dbqueue.enqueue("q", {"x": 1}, kind="k", key="key-1", headers={"h": 1})
+    [message] = Message.objects.claim("q", worker="w9")
+    assert message.ack()
+    assert not Message.objects.exists()
+    row = ArchivedMessage.objects.get()
+    assert (row.message_id, row.outcome, row.queue, row.kind, row.key) == (sent.pk, Outcome.ACKED, "q", "k", "key-1")
+    assert row.payload == {"x": 1} and row.headers == {"h": 1}
+    assert row.finished_by == "w9" and row.attempts == 1
+    assert row.created_at <= row.first_available_at <= row.claimed_at <= row.finished_at
+
+
+def test_ack_without_archive_just_deletes():
+    django_dbqueue.enqueue("no-archive", {})
+    [message] = Message.objects.claim("no-archive")
+    assert message.ack()
+    assert (Message.objects.count(), ArchivedMessage.objects.count()) == (0, 0)
+
+
+def test_ack_many_reports_each_lease():
+    django_dbqueue.enqueue_many("q", [{"n": n} for n in range(4)])
+    messages = Message.objects.claim("q", 4)
+    stolen = messages[2]
+    Message.objects.filter(pk=stolen.pk).update(lease_token="someone-else")
+    assert Message.objects.ack_many(messages) == [True, True, False, True]
+    assert list(Message.objects.values_list("pk", flat=True)) == [stolen.pk]
+    assert ArchivedMessage.objects.acked().count() == 3
+
+
+def test_lease_expiry_redelivers_and_the_late_ack_changes_nothing():
+    django_dbqueue.enqueue("q", {"job": 1})
+    [first] = Message.objects.claim("q", visibility_timeout=0.5, worker="slow")
+    assert Message.objects.claim("q") == []
+    time.sleep(1.0)
+    [second] = Message.objects.claim("q", worker="fast")
+    assert second.pk == first.pk and second.lease_token != first.lease_token and second.attempts == 2
+    assert first.ack() is False
+    assert first.fail(ValueError("late")) is False
+    assert first.extend_lease(60) is False
+    assert Message.objects.get().lease_token == second.lease_token
+    assert ArchivedMessage.objects.count() == 0
+    assert second.ack() is True
+    assert ArchivedMessage.objects.get().finished_by == "fast"
+
+
+def test_fail_retries_with_backoff_then_dead_letters():
+    django_dbqueue.enqueue("q", {}, max_attempts=2)
+    [message] = Message.objects.claim("q")
+    try:
+        raise ValueError("first failure")
+    except ValueError as exc:
+        assert message.fail(exc)
+    stored = Message.objects.get()
+    assert stored.lease_token is None and "ValueError: first failure" in stored.last_error
+    assert "Traceback" in stored.last_error
+    assert Message.objects.scheduled().count() == 1  # backoff: not ready yet
+    Message.objects.update(available_at=timezone.now() - timedelta(seconds=1))
+    [again] = Message.objects.claim("q")
+    assert again.attempts == 2
+    assert again.fail("second failure")
+    assert not Message.objects.exists()
+    dead = ArchivedMessage.objects.dead().get()
+    assert dead.attempts == 2 and dead.last_error == "second failure"
+
+
+def test_fail_without_retry_dead_letters_at_once():
+    django_dbqueue.enqueue("q", {})
+    [message] = Message.objects.claim("q")
+    assert message.fail("bad payload", retry=False)
+    assert ArchivedMessage.objects.dead().get().last_error == "bad payload"
+
+
+def test_backoff_grows_exponentially(settings):
+    settings.DBQUEUE = {"BACKOFF_BASE": 10, "BACKOFF_JITTER": 0, "BACKOFF_MAX": 35}
+    from django_dbqueue.operations import backoff_delay
+
+    delays = [backoff_delay(Message(queue="q", attempts=n)) for n in (1, 2, 3, 4)]
+    assert delays == [10, 20, 35, 35]
+
+
+def test_reject_requeue_and_dead():
+    django_dbqueue.enqueue("q", {"n": 1})
+    django_dbqueue.enqueue("q", {"n": 2})
+    one, two = Message.objects.claim("q", 2)
+    assert one.reject(delay=3600, reason="later")
+    assert Message.objects.get(pk=one.pk).last_error == "later"
+    assert Message.objects.scheduled().filter(pk=one.pk).exists()
+    assert two.reject(requeue=False, reason="malformed order")
+    assert ArchivedMessage.objects.dead().get().last_error == "malformed order"
+
+
+def test_extend_lease_and_release():
+    django_dbqueue.enqueue("q", {})
+    [message] = Message.objects.claim("q", visibility_timeout=1)
+    assert message.extend_lease(3600)
+    assert Message.objects.in_flight().get().available_at > timezone.now() + timedelta(minutes=59)
+    assert message.release()
+    stored = Message.objects.ready().get()
+    assert stored.lease_token is None and stored.attempts == 0
+    assert Message.objects.claim("q")[0].attempts == 1
+
+
+def test_defer_does_not_count_an_attempt():
+    django_dbqueue.enqueue("q", {})
+    [message] = Message.objects.claim("q")
+    assert message.defer(until=timezone.now() + timedelta(hours=2))
+    stored = Message.objects.scheduled().get()
+    assert stored.attempts == 0 and stored.available_at > timezone.now() + timedelta(hours=1)
+
+
+def test_operations_on_an_unclaimed_message_are_refused():
+    message = django_dbqueue.enqueue("q", {})
+    with pytest.raises(NotClaimed, match="not claimed"):
+        message.ack()
+
+
+def test_queryset_counts_and_oldest_age():
+    MessageFactory(queue="a", created_at=timezone.now() - timedelta(minutes=10))
+    MessageFactory(queue="a")
+    MessageFactory(queue="a", scheduled=True)
+    MessageFactory(queue="b", lease_token="t", available_at=timezone.now() + timedelta(minutes=1))
+    assert Message.objects.counts_by_queue() == {
+        "a": {"ready": 2, "scheduled": 1, "in_flight": 0},
+        "b": {"ready": 0, "scheduled": 0, "in_flight": 1},
+    }
+    age = Message.objects.oldest_ready_age("a")
+    assert timedelta(minutes=9) < age < timedelta(minutes=11)
+    assert Message.objects.oldest_ready_age("b") is None
