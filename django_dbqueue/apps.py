@@ -9,3 +9,6 @@ class DbQueueConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .handlers import autodiscover
+
+        autodiscover()

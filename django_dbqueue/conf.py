@@ -141,7 +141,8 @@ def find_problems(raw: Any) -> list[str]:
             continue
         spec = QUEUE_KEYS.get(key) or GLOBAL_KEYS.get(key)
         if spec is None:
-            problems.append(f"DBQUEUE has an unknown key {key!r}; known keys: {', '.join(sorted([*QUEUE_KEYS, *GLOBAL_KEYS, 'QUEUES']))}")
+            known = ", ".join(sorted([*QUEUE_KEYS, *GLOBAL_KEYS, "QUEUES"]))
+            problems.append(f"DBQUEUE has an unknown key {key!r}; known keys: {known}")
         elif (why := spec[1](value)) is not None:
             problems.append(f"DBQUEUE[{key!r}] {why}")
     queues = raw.get("QUEUES", {})

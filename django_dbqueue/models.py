@@ -111,7 +111,7 @@ class Message(models.Model):
     id = models.BigAutoField(primary_key=True)
     queue = models.CharField(max_length=64)
     kind = models.CharField(max_length=100, blank=True, default="", db_default="")
-    key = models.CharField(max_length=255, null=True, blank=True)
+    key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 (NULL keys never collide)
     payload = models.JSONField()
     headers = models.JSONField(default=dict, blank=True)
     priority = models.SmallIntegerField(default=0, db_default=0, help_text="Smaller runs first.")
@@ -119,7 +119,7 @@ class Message(models.Model):
     first_available_at = models.DateTimeField(help_text="When it first became available; retries keep it.")
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField(null=True, blank=True)
-    lease_token = models.CharField(max_length=32, null=True, blank=True)
+    lease_token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001 (NULL: not leased)
     claimed_by = models.CharField(max_length=255, blank=True, default="", db_default="")
     claimed_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0, db_default=0)
@@ -127,9 +127,7 @@ class Message(models.Model):
         null=True, blank=True, help_text="Empty: the queue's MAX_ATTEMPTS setting."
     )
     last_error = models.TextField(blank=True, default="", db_default="")
-    replay_of = models.BigIntegerField(
-        null=True, blank=True, help_text="The archived (dead) message this one replays."
-    )
+    replay_of = models.BigIntegerField(null=True, blank=True, help_text="The archived (dead) message this one replays.")
 
     objects = MessageManager()
 
@@ -209,7 +207,7 @@ class ArchivedMessage(models.Model):
     message_id = models.BigIntegerField(help_text="The id it had in the live table.")
     queue = models.CharField(max_length=64)
     kind = models.CharField(max_length=100, blank=True, default="")
-    key = models.CharField(max_length=255, null=True, blank=True)
+    key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 (NULL keys never collide)
     payload = models.JSONField()
     headers = models.JSONField(default=dict, blank=True)
     priority = models.SmallIntegerField(default=0)
@@ -242,3 +240,48 @@ class ArchivedMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}#{self.message_id} {self.outcome}"
+
+
+class Worker(models.Model):
+    """A running ``runqueueworker`` process; its heartbeat tells the reaper it is alive."""
+
+    name = models.CharField(max_length=255, unique=True, help_text="hostname:pid:random, as written in claimed_by.")
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list)
+    concurrency = models.PositiveSmallIntegerField(default=1)
+    started_at = models.DateTimeField()
+    last_heartbeat_at = models.DateTimeField()
+    processed = models.PositiveBigIntegerField(default=0)
+    failed = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        db_table = "dbqueue_worker"
+        ordering = ["hostname", "pid"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class QueueStateQuerySet(models.QuerySet["QueueState"]):
+    def paused_names(self) -> set[str]:
+        return set(self.filter(paused=True).values_list("queue", flat=True))
+
+
+class QueueState(models.Model):
+    """Per-queue switches operators flip at run time (pause); absent means running."""
+
+    queue = models.CharField(max_length=64, primary_key=True)
+    paused = models.BooleanField(default=False)
+    changed_at = models.DateTimeField(auto_now=True)
+    changed_by = models.CharField(max_length=150, blank=True, default="")
+
+    objects = QueueStateQuerySet.as_manager()
+
+    class Meta:
+        db_table = "dbqueue_queue_state"
+        ordering = ["queue"]
+        permissions = [("pause_queue", "Can pause and resume queues")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} ({'paused' if self.paused else 'running'})"

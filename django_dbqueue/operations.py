@@ -129,7 +129,11 @@ def _insert_or_get(message: Message, using: str) -> bool:
 
 def _refresh_expressions(message: Message, using: str) -> None:
     """Read back timestamps the database computed, where RETURNING did not bring them."""
-    stale = [name for name in ("created_at", "available_at", "first_available_at") if isinstance(getattr(message, name), DbNow)]
+    stale = [
+        name
+        for name in ("created_at", "available_at", "first_available_at")
+        if isinstance(getattr(message, name), DbNow)
+    ]
     if stale:
         message.refresh_from_db(using=using, fields=stale)
 
@@ -210,10 +214,16 @@ def claim(
     names = validation.validate_queues(queues if isinstance(queues, str) else list(queues))
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise InvalidOption(f"limit must be a positive integer, not {limit!r}")
-    timeout = None if visibility_timeout is None else validation.seconds(visibility_timeout, "visibility_timeout", allow_zero=False)
+    timeout = (
+        None
+        if visibility_timeout is None
+        else validation.seconds(visibility_timeout, "visibility_timeout", allow_zero=False)
+    )
     databases = {queue_options(name).database for name in names}
     if len(databases) > 1:
-        raise InvalidOption(f"queues {names} live on different databases ({sorted(databases)}); claim from each separately")
+        raise InvalidOption(
+            f"queues {names} live on different databases ({sorted(databases)}); claim from each separately"
+        )
     using = databases.pop()
     worker = worker or default_worker_name()
     return with_retries(using, lambda: _claim(names, limit, timeout, worker, using), what="claim")
@@ -326,7 +336,9 @@ def ack_many(messages: Iterable[Message], *, worker: str | None = None) -> list[
         by_db[message._state.db].append(message)
     owned: set[int] = set()
     for using, group in by_db.items():
-        owned |= with_retries(using, lambda using=using, group=group: _ack_group(group, worker or "", using), what="ack_many")
+        owned |= with_retries(
+            using, lambda using=using, group=group: _ack_group(group, worker or "", using), what="ack_many"
+        )
     return [message.pk in owned for message in messages]
 
 

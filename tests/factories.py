@@ -40,4 +40,6 @@ class ArchivedMessageFactory(factory.django.DjangoModelFactory):
     outcome = Outcome.ACKED
 
     class Params:
-        dead = factory.Trait(outcome=Outcome.DEAD, last_error="Traceback (most recent call last):\n  ...\nValueError: boom")
+        dead = factory.Trait(
+            outcome=Outcome.DEAD, last_error="Traceback (most recent call last):\n  ...\nValueError: boom"
+        )

@@ -1,0 +1,56 @@
+"""Enqueue a handful of messages, process them, and print what happened."""
+
+import time
+
+from django.core.management.base import BaseCommand
+
+import django_dbqueue
+from django_dbqueue.handlers import find_handler
+from django_dbqueue.models import ArchivedMessage, Message
+
+
+class Command(BaseCommand):
+    help = "Run the django-dbqueue demo on the configured database."
+
+    def handle(self, *args, **options):
+        Message.objects.filter(queue="emails").delete()
+        ArchivedMessage.objects.filter(queue="emails").delete()
+        out = self.stdout.write
+        out("Enqueueing messages on queue 'emails'...")
+        django_dbqueue.enqueue("emails", {"to": "ada@example.com"}, kind="welcome")
+        django_dbqueue.enqueue("emails", {"to": "not-an-address"}, kind="welcome")
+        django_dbqueue.enqueue("emails", {"to": "bob@example.com", "flaky": True}, kind="receipt")
+        django_dbqueue.enqueue_many("emails", [{"to": "cy@example.com"}, {"to": "di@example.com"}], kind="news")
+        again = django_dbqueue.enqueue("emails", {"to": "cy@example.com"}, kind="news", key="news-cy")
+        dup = django_dbqueue.enqueue("emails", {"to": "cy@example.com"}, kind="news", key="news-cy")
+        out(f"  key 'news-cy' enqueued twice -> one message (#{again.pk} == #{dup.pk})")
+        out(f"  live: {Message.objects.counts_by_queue()}")
+
+        deadline = time.monotonic() + 30
+        while Message.objects.filter(queue="emails").exists() and time.monotonic() < deadline:
+            batch = Message.objects.claim("emails", limit=10, worker="demo")
+            if not batch:
+                time.sleep(0.1)  # a retry is waiting out its backoff
+                continue
+            for message in batch:
+                self.process(message)
+
+        out("\nArchive:")
+        for row in ArchivedMessage.objects.filter(queue="emails").order_by("message_id"):
+            error = f"  ({row.last_error.strip().splitlines()[-1]})" if row.last_error else ""
+            out(f"  #{row.message_id:<4} {row.kind:<8} {row.outcome:<6} attempts={row.attempts}{error}")
+        out(f"\nLive messages left: {Message.objects.filter(queue='emails').count()}")
+
+    def process(self, message):
+        handler = find_handler(message.queue, message.kind)
+        try:
+            result = handler(message)
+        except django_dbqueue.Reject as exc:
+            message.reject(requeue=False, reason=exc.reason)
+            self.stdout.write(f"  #{message.pk} rejected: {exc.reason}")
+        except Exception as exc:
+            message.fail(exc)
+            self.stdout.write(f"  #{message.pk} failed (attempt {message.attempts}): {exc}")
+        else:
+            message.ack(worker="demo")
+            self.stdout.write(f"  #{message.pk} done: {result}")
