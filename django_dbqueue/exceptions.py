@@ -41,3 +41,11 @@ class NotClaimed(DbQueueError):
 
 class ImproperlyConfiguredQueue(DbQueueError):
     """The DBQUEUE setting is invalid (system checks report the same)."""
+
+
+class DuplicateKey(DbQueueError):
+    """A message with this key is live in the queue already, where a new one was required."""
+
+
+class AlreadyReplayed(DbQueueError):
+    """This archived message was replayed before; pass ``force=True`` to replay it again."""

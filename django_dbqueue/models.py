@@ -155,10 +155,10 @@ class Message(models.Model):
         return MessageState.IN_FLIGHT if self.lease_token else MessageState.SCHEDULED
 
     # Consumer operations on a claimed message; see django_dbqueue.operations.
-    def ack(self, *, worker: str | None = None) -> bool:
+    def ack(self, *, worker: str | None = None, result: Any = None) -> bool:
         from .operations import ack
 
-        return ack(self, worker=worker)
+        return ack(self, worker=worker, result=result)
 
     def reject(self, *, requeue: bool = True, delay: float | timedelta | None = None, reason: str = "") -> bool:
         from .operations import reject
@@ -221,6 +221,7 @@ class ArchivedMessage(models.Model):
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     finished_by = models.CharField(max_length=255, blank=True, default="", help_text="The worker that finished it.")
     last_error = models.TextField(blank=True, default="")
+    result = models.JSONField(null=True, blank=True, help_text="What the handler returned, when it was JSON.")
     replay_of = models.BigIntegerField(null=True, blank=True, help_text="The archived message this one replayed.")
     replayed_at = models.DateTimeField(null=True, blank=True)
     replayed_by = models.CharField(max_length=150, blank=True, default="")

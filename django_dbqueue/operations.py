@@ -43,7 +43,7 @@ def default_worker_name() -> str:
 # --- producing -------------------------------------------------------------
 
 
-def _build(queue: str, payload: Any, options: dict[str, Any]) -> tuple[Message, float | None]:
+def build_message(queue: str, payload: Any, options: dict[str, Any]) -> tuple[Message, float | None]:
     """Validate one message's options and build it (unsaved). Returns it and its delay."""
     unknown = set(options) - ENQUEUE_OPTIONS
     if unknown:
@@ -85,10 +85,13 @@ def enqueue(queue: str, payload: Any, **options: Any) -> Message:
 
     Inside the caller's transaction, the message commits or rolls back with it.
     """
-    message, delay = _build(queue, payload, options)
-    using = _database(queue, options.get("using"))
-    now = DbNow()
-    message.created_at = now
+    message, delay = build_message(queue, payload, options)
+    return insert_message(message, delay, _database(queue, options.get("using")))
+
+
+def insert_message(message: Message, delay: float | None, using: str) -> Message:
+    """Insert a built message (see :func:`enqueue`), its times from the database clock."""
+    message.created_at = DbNow()
     if message.available_at is None:
         message.available_at = message.first_available_at = DbNow(delay or 0)
 
@@ -154,7 +157,7 @@ def enqueue_many(queue: str, payloads: Iterable[Any], **options: Any) -> list[Me
     messages = []
     delay = None
     for payload in payloads:
-        message, delay = _build(queue, payload, options)
+        message, delay = build_message(queue, payload, options)
         messages.append(message)
     if not messages:
         return []
@@ -282,7 +285,9 @@ def error_text(error: BaseException | str) -> str:
     return str(error)
 
 
-def archive_row(message: Message, outcome: str, *, worker: str = "", error: str | None = None) -> ArchivedMessage:
+def archive_row(
+    message: Message, outcome: str, *, worker: str = "", error: str | None = None, result: Any = None
+) -> ArchivedMessage:
     """The archive row for ``message`` finishing with ``outcome`` (unsaved)."""
     return ArchivedMessage(
         message_id=message.pk,
@@ -302,29 +307,38 @@ def archive_row(message: Message, outcome: str, *, worker: str = "", error: str 
         outcome=outcome,
         finished_by=worker or message.claimed_by,
         last_error=message.last_error if error is None else error,
+        result=result if validation.json_problem(result, "result") is None else None,
         replay_of=message.replay_of,
     )
 
 
-def _finish(message: Message, outcome: str, *, worker: str = "", error: str | None = None) -> bool:
-    """Delete a leased message and archive it, atomically. False if the lease was lost."""
-    leased = _leased(message)
+def _finish(message: Message, outcome: str, *, leased: Any = None, **row: Any) -> bool:
+    """Delete a message and archive it, atomically. False if it was not there to delete.
+
+    ``leased`` defaults to "only while we hold the lease"; operators' actions
+    pass a queryset matching the message by id alone.
+    """
+    leased = _leased(message) if leased is None else leased
     using = message._state.db
 
     def run() -> bool:
         with transaction.atomic(using=using):
+            # _raw_delete: one DELETE, no collector SELECT (nothing cascades from messages).
             if leased._raw_delete(using) != 1:
                 return False
             if outcome != Outcome.ACKED or queue_options(message.queue).archive:
-                archive_row(message, outcome, worker=worker, error=error).save(using=using, force_insert=True)
+                archive_row(message, outcome, **row).save(using=using, force_insert=True)
             return True
 
     return with_retries(using, run, what=f"{outcome} message {message.pk}")
 
 
-def ack(message: Message, *, worker: str | None = None) -> bool:
-    """Finish ``message`` successfully: archived as acked (unless archiving is off) and deleted."""
-    return _finish(message, Outcome.ACKED, worker=worker or "")
+def ack(message: Message, *, worker: str | None = None, result: Any = None) -> bool:
+    """Finish ``message`` successfully: archived as acked (unless archiving is off) and deleted.
+
+    ``result`` (the handler's return value) is kept in the archive when it is JSON.
+    """
+    return _finish(message, Outcome.ACKED, worker=worker or "", result=result)
 
 
 def ack_many(messages: Iterable[Message], *, worker: str | None = None) -> list[bool]:

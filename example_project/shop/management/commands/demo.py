@@ -5,7 +5,7 @@ import time
 from django.core.management.base import BaseCommand
 
 import django_dbqueue
-from django_dbqueue.handlers import find_handler
+from django_dbqueue.dispatch import process
 from django_dbqueue.models import ArchivedMessage, Message
 
 
@@ -33,24 +33,11 @@ class Command(BaseCommand):
                 time.sleep(0.1)  # a retry is waiting out its backoff
                 continue
             for message in batch:
-                self.process(message)
+                outcome = process(message, worker="demo")
+                self.stdout.write(f"  #{message.pk} {message.kind}: {outcome} (attempt {message.attempts})")
 
         out("\nArchive:")
         for row in ArchivedMessage.objects.filter(queue="emails").order_by("message_id"):
             error = f"  ({row.last_error.strip().splitlines()[-1]})" if row.last_error else ""
             out(f"  #{row.message_id:<4} {row.kind:<8} {row.outcome:<6} attempts={row.attempts}{error}")
         out(f"\nLive messages left: {Message.objects.filter(queue='emails').count()}")
-
-    def process(self, message):
-        handler = find_handler(message.queue, message.kind)
-        try:
-            result = handler(message)
-        except django_dbqueue.Reject as exc:
-            message.reject(requeue=False, reason=exc.reason)
-            self.stdout.write(f"  #{message.pk} rejected: {exc.reason}")
-        except Exception as exc:
-            message.fail(exc)
-            self.stdout.write(f"  #{message.pk} failed (attempt {message.attempts}): {exc}")
-        else:
-            message.ack(worker="demo")
-            self.stdout.write(f"  #{message.pk} done: {result}")

@@ -1,0 +1,92 @@
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+import django_dbqueue
+from django_dbqueue import handlers
+from django_dbqueue.dispatch import Outcome, process
+from django_dbqueue.models import ArchivedMessage, Message
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def handler():
+    """Register handlers for one test only."""
+    registered = []
+
+    def register(queue, kind=None):
+        registered.append((queue, kind))
+        return handlers.handler(queue, kind)
+
+    yield register
+    for queue, kind in registered:
+        handlers.unregister(queue, kind)
+
+
+def claim_one(payload=None, **options):
+    django_dbqueue.enqueue("jobs", payload or {}, **options)
+    return Message.objects.claim("jobs")[0]
+
+
+def test_return_acks_with_the_result(handler):
+    handler("jobs")(lambda m: {"doubled": m.payload["n"] * 2})
+    assert process(claim_one({"n": 4})) == Outcome.ACKED
+    assert ArchivedMessage.objects.acked().get().result == {"doubled": 8}
+
+
+def test_kind_specific_handler_wins_over_catch_all(handler):
+    handler("jobs")(lambda m: "any")
+    handler("jobs", kind="special")(lambda m: "special")
+    process(claim_one(kind="special"))
+    assert ArchivedMessage.objects.get().result == "special"
+
+
+def test_exception_fails_and_retries(handler):
+    handler("jobs")(lambda m: 1 / 0)
+    assert process(claim_one()) == Outcome.FAILED
+    assert "ZeroDivisionError" in Message.objects.scheduled().get().last_error
+
+
+def test_control_exceptions(handler):
+    @handler("jobs")
+    def control(message):
+        action = message.payload["do"]
+        if action == "reject":
+            raise django_dbqueue.Reject("bad order")
+        if action == "retry":
+            raise django_dbqueue.Retry(delay=600)
+        raise django_dbqueue.Defer(until=timezone.now() + timedelta(days=1))
+
+    assert process(claim_one({"do": "reject"})) == Outcome.REJECTED
+    assert ArchivedMessage.objects.dead().get().last_error == "bad order"
+    assert process(claim_one({"do": "retry"})) == Outcome.RETRIED
+    retried = Message.objects.scheduled().get()
+    assert retried.attempts == 1 and retried.available_at > timezone.now() + timedelta(minutes=9)
+    retried.delete()
+    assert process(claim_one({"do": "defer"})) == Outcome.DEFERRED
+    deferred = Message.objects.scheduled().get()
+    assert deferred.attempts == 0 and deferred.available_at > timezone.now() + timedelta(hours=23)
+
+
+def test_no_handler_dead_letters_naming_queue_and_kind():
+    assert process(claim_one(kind="mystery")) == Outcome.UNHANDLED
+    assert ArchivedMessage.objects.dead().get().last_error == "no handler for queue 'jobs', kind 'mystery'"
+
+
+def test_no_handler_can_leave_the_message_queued(settings):
+    settings.DBQUEUE = {"QUEUES": {"jobs": {"UNHANDLED": "keep"}}}
+    assert process(claim_one()) == Outcome.UNHANDLED
+    kept = Message.objects.get()
+    assert kept.attempts == 0 and kept.lease_token is None
+
+
+def test_duplicate_registration_is_refused(handler):
+    handler("jobs")(lambda m: 1)
+
+    def other(message):
+        return 2
+
+    with pytest.raises(Exception, match="two handlers for queue 'jobs'"):
+        handlers.handler("jobs")(other)
