@@ -86,11 +86,17 @@ QUEUE_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
 GLOBAL_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     "TRANSIENT_RETRIES": (5, _integer(0)),
     "ENQUEUE_BATCH_SIZE": (500, _integer(1)),
-    "HEARTBEAT_INTERVAL": (5.0, _number(0.1)),
-    "WORKER_STALE_AFTER": (10.0, _number(1)),
-    "POLL_INTERVAL": (1.0, _number(0.01)),
-    "MAX_POLL_INTERVAL": (5.0, _number(0.01)),
-    "REAP_INTERVAL": (5.0, _number(0.1)),
+    # A worker writes its heartbeat (and extends the leases of what it runs)
+    # this often; the reaper treats it as dead after WORKER_STALE_AFTER
+    # seconds of silence and gives its messages back.
+    "HEARTBEAT_INTERVAL": (2.0, _number(0.1)),
+    "WORKER_STALE_AFTER": (8.0, _number(1)),
+    "POLL_INTERVAL": (0.1, _number(0.01)),
+    "MAX_POLL_INTERVAL": (2.0, _number(0.01)),
+    "SHUTDOWN_GRACE": (30.0, _number(0)),
+    "LOG_INTERVAL": (60.0, _number(1)),
+    "REAP_INTERVAL": (2.0, _number(0.1)),
+    "REAP_BATCH_SIZE": (1000, _integer(1)),
 }
 
 
@@ -119,7 +125,10 @@ class DbQueueSettings:
     worker_stale_after: float
     poll_interval: float
     max_poll_interval: float
+    shutdown_grace: float
+    log_interval: float
     reap_interval: float
+    reap_batch_size: int
     defaults: QueueOptions
     queues: dict[str, QueueOptions] = field(default_factory=dict)
 
@@ -145,6 +154,13 @@ def find_problems(raw: Any) -> list[str]:
             problems.append(f"DBQUEUE has an unknown key {key!r}; known keys: {known}")
         elif (why := spec[1](value)) is not None:
             problems.append(f"DBQUEUE[{key!r}] {why}")
+    heartbeat = raw.get("HEARTBEAT_INTERVAL", GLOBAL_KEYS["HEARTBEAT_INTERVAL"][0])
+    stale = raw.get("WORKER_STALE_AFTER", GLOBAL_KEYS["WORKER_STALE_AFTER"][0])
+    if not problems and stale <= 2 * heartbeat:
+        problems.append(
+            f"DBQUEUE['WORKER_STALE_AFTER'] ({stale}) must be more than twice HEARTBEAT_INTERVAL ({heartbeat}), "
+            "or live workers would be taken for dead"
+        )
     queues = raw.get("QUEUES", {})
     if not isinstance(queues, dict):
         return [*problems, f"DBQUEUE['QUEUES'] must be a dict of queue name to options, not {type(queues).__name__}"]

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
-
 from . import validation
 from .exceptions import AlreadyReplayed, DuplicateKey, InvalidOption
 from .models import ArchivedMessage, Message, Outcome, QueueState
 from .operations import _finish, build_message, insert_message
 from .transient import with_retries
-from .vendor import DbNow
+from .vendor import DbNow, write_transaction
 
 REPLAYABLE = {Outcome.DEAD, Outcome.EXPIRED, Outcome.CANCELLED}
 
@@ -32,7 +30,7 @@ def replay(archived: ArchivedMessage, *, by: str = "", payload: Any = None, forc
     new_payload = archived.payload if payload is None else validation.validate_payload(payload)
 
     def run() -> Message:
-        with transaction.atomic(using=using):
+        with write_transaction(using):
             row = ArchivedMessage.objects.using(using).select_for_update().get(pk=archived.pk)
             if row.outcome not in REPLAYABLE and not force:
                 raise InvalidOption(

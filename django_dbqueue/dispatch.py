@@ -15,9 +15,12 @@ of rules:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 from .conf import get_settings, queue_options
-from .handlers import Defer, Reject, Retry, find_handler
+from .handlers import Defer, Handler, Reject, Retry, find_handler
 from .models import Message
 
 logger = logging.getLogger("django_dbqueue")
@@ -33,32 +36,49 @@ class Outcome:
     LEASE_LOST = "lease lost"
 
 
-def process(message: Message, *, worker: str = "") -> str:
-    """Run ``message``'s handler and apply the outcome; returns what happened."""
-    handler = find_handler(message.queue, message.kind)
+@dataclass(frozen=True)
+class Verdict:
+    """What a handler's run decided, not yet written: ``apply()`` records it.
+
+    Kept apart from running the handler so a worker can retry the recording
+    through a database outage without running the handler twice.
+    """
+
+    outcome: str
+    apply: Callable[[], bool]
+
+    def record(self) -> str:
+        return self.outcome if self.apply() else Outcome.LEASE_LOST
+
+
+def decide(message: Message, *, worker: str = "", handler: Handler | None = None) -> Verdict:
+    """Run the handler (``handler`` overrides the registry, as exec mode does)."""
+    handler = handler or find_handler(message.queue, message.kind)
     if handler is None:
         return _unhandled(message)
     try:
         result = handler(message)
     except Reject as exc:
-        return _applied(message.reject(requeue=False, reason=exc.reason), Outcome.REJECTED)
+        return Verdict(Outcome.REJECTED, partial(message.reject, requeue=False, reason=exc.reason))
     except Retry as exc:
-        return _applied(message.reject(delay=exc.delay, reason=exc.reason or "retry requested"), Outcome.RETRIED)
+        reason = exc.reason or "retry requested"
+        return Verdict(Outcome.RETRIED, partial(message.reject, delay=exc.delay, reason=reason))
     except Defer as exc:
-        return _applied(message.defer(exc.until, delay=exc.delay), Outcome.DEFERRED)
+        return Verdict(Outcome.DEFERRED, partial(message.defer, exc.until, delay=exc.delay))
     except Exception as exc:
         logger.debug("message %s of %s failed: %r", message.pk, message.queue, exc)
-        return _applied(message.fail(exc), Outcome.FAILED)
-    return _applied(message.ack(worker=worker, result=result), Outcome.ACKED)
+        return Verdict(Outcome.FAILED, partial(message.fail, exc))
+    return Verdict(Outcome.ACKED, partial(message.ack, worker=worker, result=result))
 
 
-def _unhandled(message: Message) -> str:
+def process(message: Message, *, worker: str = "", handler: Handler | None = None) -> str:
+    """Run ``message``'s handler and apply the outcome; returns what happened."""
+    return decide(message, worker=worker, handler=handler).record()
+
+
+def _unhandled(message: Message) -> Verdict:
     reason = f"no handler for queue {message.queue!r}, kind {message.kind!r}"
     if queue_options(message.queue).unhandled == "keep":
         # Leave it for a worker that has the handler; look again after a poll.
-        return _applied(message.defer(delay=get_settings().max_poll_interval), Outcome.UNHANDLED)
-    return _applied(message.reject(requeue=False, reason=reason), Outcome.UNHANDLED)
-
-
-def _applied(done: bool, outcome: str) -> str:
-    return outcome if done else Outcome.LEASE_LOST
+        return Verdict(Outcome.UNHANDLED, partial(message.defer, delay=get_settings().max_poll_interval))
+    return Verdict(Outcome.UNHANDLED, partial(message.reject, requeue=False, reason=reason))

@@ -20,15 +20,16 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db import IntegrityError
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 
 from . import validation
 from .conf import get_settings, queue_options
 from .exceptions import InvalidOption, NotClaimed, UnknownOption
 from .models import ArchivedMessage, Message, Outcome
 from .transient import with_retries
-from .vendor import DbNow, claim_transaction, db_now
+from .vendor import DbNow, db_now, write_transaction
 
 ENQUEUE_OPTIONS = frozenset(
     {"kind", "key", "delay", "run_at", "priority", "headers", "max_attempts", "expires_at", "using"}
@@ -115,7 +116,7 @@ def _insert_or_get(message: Message, using: str) -> bool:
     """
     for _ in range(10):
         try:
-            with transaction.atomic(using=using):
+            with write_transaction(using):
                 message.save(using=using, force_insert=True)
             return True
         except IntegrityError:
@@ -171,7 +172,7 @@ def _insert_many(messages: list[Message], delay: float | None, using: str) -> li
         message.created_at = now
         if message.available_at is None:
             message.available_at = message.first_available_at = now + timedelta(seconds=delay or 0)
-    with transaction.atomic(using=using):
+    with write_transaction(using):
         plain = [m for m in messages if m.key is None]
         Message.objects.using(using).bulk_create(plain, batch_size=batch)
         for message in plain:
@@ -234,7 +235,7 @@ def claim(
 
 def _claim(names: list[str], limit: int, timeout: float | None, worker: str, using: str) -> list[Message]:
     claimed: list[Message] = []
-    with claim_transaction(using):
+    with write_transaction(using):
         for name in names:
             wanted = limit - len(claimed)
             if wanted <= 0:
@@ -244,6 +245,9 @@ def _claim(names: list[str], limit: int, timeout: float | None, worker: str, usi
                 .select_for_update(skip_locked=True)
                 .filter(queue=name, available_at__lte=DbNow())
                 .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=DbNow()))
+                # A lease that expired on its last attempt is a poison message
+                # (it killed its worker): the reaper dead-letters it, nobody claims it.
+                .filter(attempts__lt=Coalesce("max_attempts", Value(queue_options(name).max_attempts)))
                 .annotate(db_now=DbNow())
                 .order_by("priority", "available_at", "id")[:wanted]
             )
@@ -322,7 +326,7 @@ def _finish(message: Message, outcome: str, *, leased: Any = None, **row: Any) -
     using = message._state.db
 
     def run() -> bool:
-        with transaction.atomic(using=using):
+        with write_transaction(using):
             # _raw_delete: one DELETE, no collector SELECT (nothing cascades from messages).
             if leased._raw_delete(using) != 1:
                 return False
@@ -363,7 +367,7 @@ def _ack_group(messages: list[Message], worker: str, using: str) -> set[int]:
     match = Q()
     for token, ids in tokens.items():
         match |= Q(lease_token=token, pk__in=ids)
-    with transaction.atomic(using=using):
+    with write_transaction(using):
         owned = set(Message.objects.using(using).select_for_update().filter(match).values_list("pk", flat=True))
         if not owned:
             return owned

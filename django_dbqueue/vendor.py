@@ -7,7 +7,7 @@ or its own handling, the difference lives here and only here.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -85,14 +85,15 @@ def can_skip_locked(using: str) -> bool:
 
 
 @contextlib.contextmanager
-def claim_transaction(using: str) -> Iterator[None]:
-    """A short transaction for a claim.
+def write_transaction(using: str) -> Iterator[None]:
+    """A short transaction that reads and then writes (claim, ack, archive, replay).
 
     MySQL and PostgreSQL lock the rows they pick with ``SKIP LOCKED``. SQLite
     has no row locks: there the transaction takes the database's write lock
-    at ``BEGIN IMMEDIATE``, so claimers queue up on the lock (with the
-    connection's timeout) instead of reading the same rows and failing to
-    upgrade. Inside an outer transaction the outer one decides.
+    at ``BEGIN IMMEDIATE``, so writers queue up on the lock (with the
+    connection's timeout) instead of reading first and then failing to
+    upgrade to a write lock ("database is locked"). Inside an outer
+    transaction the outer one decides.
     """
     connection = connections[using]
     if connection.vendor != "sqlite" or connection.in_atomic_block:
@@ -136,3 +137,86 @@ def lost_connection(using: str) -> bool:
         return not connection.is_usable()
     except Exception:
         return True
+
+
+@contextlib.contextmanager
+def try_lock(using: str, name: str) -> Iterator[bool]:
+    """A session-level lock that at most one process holds; yields whether we got it.
+
+    MySQL's ``GET_LOCK`` and PostgreSQL's advisory locks are released when the
+    holder's connection drops, so a reaper that dies frees the lock. SQLite
+    has a single writer anyway: there every caller gets it.
+    """
+    connection = connections[using]
+    if connection.vendor == "sqlite":
+        yield True
+        return
+    acquire, release = {
+        "mysql": ("SELECT GET_LOCK(%s, 0)", "SELECT RELEASE_LOCK(%s)"),
+        "postgresql": ("SELECT pg_try_advisory_lock(hashtext(%s))", "SELECT pg_advisory_unlock(hashtext(%s))"),
+    }[connection.vendor]
+    with connection.cursor() as cursor:
+        cursor.execute(acquire, [name])
+        held = bool(cursor.fetchone()[0])
+    try:
+        yield held
+    finally:
+        if held and connection.connection is not None:
+            with contextlib.suppress(Exception), connection.cursor() as cursor:
+                cursor.execute(release, [name])
+
+
+# PostgreSQL wakes idle workers when messages arrive: a statement-level
+# trigger notifies once per INSERT statement and queue (NOTIFY is delivered
+# at commit, so a worker never wakes for a message it cannot see yet). Plain
+# SQL producers trigger it too.
+NOTIFY_CHANNEL = "dbqueue"
+NOTIFY_TRIGGER_SQL = f"""
+CREATE OR REPLACE FUNCTION dbqueue_notify() RETURNS trigger AS $$
+BEGIN
+    PERFORM pg_notify('{NOTIFY_CHANNEL}', queue) FROM (SELECT DISTINCT queue FROM new_rows) AS queues;
+    RETURN NULL;
+END;
+$$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS dbqueue_notify ON dbqueue_message;
+CREATE TRIGGER dbqueue_notify AFTER INSERT ON dbqueue_message
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION dbqueue_notify();
+"""
+DROP_NOTIFY_TRIGGER_SQL = """
+DROP TRIGGER IF EXISTS dbqueue_notify ON dbqueue_message;
+DROP FUNCTION IF EXISTS dbqueue_notify();
+"""
+
+
+def install_notify_trigger(using: str) -> None:
+    if vendor(using) == "postgresql":
+        with connections[using].cursor() as cursor:
+            cursor.execute(NOTIFY_TRIGGER_SQL)
+
+
+def drop_notify_trigger(using: str) -> None:
+    if vendor(using) == "postgresql":
+        with connections[using].cursor() as cursor:
+            cursor.execute(DROP_NOTIFY_TRIGGER_SQL)
+
+
+def notifications(using: str, stop: Callable[[], bool], timeout: float = 1.0) -> Iterator[str | None]:
+    """On PostgreSQL, yield the queue name of each NOTIFY (None every ``timeout`` seconds).
+
+    Uses its own connection in autocommit, never Django's: LISTEN must not sit
+    inside the claim transactions. Elsewhere it returns at once (workers poll).
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return
+    import psycopg
+
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as listener:
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        while not stop():
+            got = False
+            for notify in listener.notifies(timeout=timeout, stop_after=1):
+                got = True
+                yield notify.payload
+            if not got:
+                yield None

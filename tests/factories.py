@@ -5,7 +5,7 @@ from datetime import timedelta
 import factory
 from django.utils import timezone
 
-from django_dbqueue.models import ArchivedMessage, Message, Outcome
+from django_dbqueue.models import ArchivedMessage, Message, Outcome, Worker
 
 
 class MessageFactory(factory.django.DjangoModelFactory):
@@ -43,3 +43,18 @@ class ArchivedMessageFactory(factory.django.DjangoModelFactory):
         dead = factory.Trait(
             outcome=Outcome.DEAD, last_error="Traceback (most recent call last):\n  ...\nValueError: boom"
         )
+
+
+class WorkerFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Worker
+
+    name = factory.Sequence(lambda n: f"host:{1000 + n}:abc{n}")
+    hostname = "host"
+    pid = factory.Sequence(lambda n: 1000 + n)
+    queues = factory.LazyFunction(lambda: ["default"])
+    started_at = factory.LazyFunction(timezone.now)
+    last_heartbeat_at = factory.LazyFunction(timezone.now)
+
+    class Params:
+        stale = factory.Trait(last_heartbeat_at=factory.LazyFunction(lambda: timezone.now() - timedelta(minutes=5)))

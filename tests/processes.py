@@ -47,3 +47,45 @@ def results(processes: list[subprocess.Popen[str]], timeout: float = 600) -> lis
         assert process.returncode == 0, f"child exited {process.returncode}:\n{stderr[-4000:]}"
         out.append(json.loads(stdout.strip().splitlines()[-1]))
     return out
+
+
+def start_command(*argv: object, **env: str) -> subprocess.Popen[str]:
+    """``manage.py``-style: ``python -m django ARGV...`` against the test database."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", *map(str, argv)],
+        cwd=ROOT,
+        env=child_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def start_worker(*args: object, marks: Path | None = None, **env: str) -> subprocess.Popen[str]:
+    if marks is not None:
+        env["DBQUEUE_TEST_MARKS"] = str(marks)
+    return start_command("runqueueworker", *args, **env)
+
+
+def read_marks(path: Path) -> list[tuple[str, int, int]]:
+    """The ``event id pid`` lines test handlers wrote (see tests/testapp/queues.py)."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        event, pk, pid = line.split()
+        rows.append((event, int(pk), int(pid)))
+    return rows
+
+
+def wait_for(condition, timeout: float = 60, interval: float = 0.05, what: str = "condition"):
+    """Poll ``condition`` until it returns something true; fail after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

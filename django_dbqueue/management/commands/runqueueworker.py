@@ -1,0 +1,77 @@
+"""``manage.py runqueueworker``: a thin parser over :class:`django_dbqueue.worker.QueueWorker`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_dbqueue.exceptions import DbQueueError
+from django_dbqueue.worker import QueueWorker, WorkerConfig
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
+class Command(BaseCommand):
+    help = "Run handlers for queued messages until stopped (SIGTERM/SIGINT: graceful; a second one: at once)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("queues", nargs="*", metavar="QUEUE", help="Queues to serve (default: every handled one).")
+        parser.add_argument("--concurrency", type=positive_int, default=1, help="Handler threads (default 1).")
+        parser.add_argument("--batch-size", type=positive_int, default=1, help="Messages per claim (default 1).")
+        parser.add_argument("--poll-interval", type=positive_float, help="First idle wait in seconds.")
+        parser.add_argument("--max-poll-interval", type=positive_float, help="Longest idle wait in seconds.")
+        parser.add_argument("--visibility-timeout", type=positive_float, help="Lease length in seconds.")
+        parser.add_argument("--until-empty", action="store_true", help="Exit when no message is ready.")
+        parser.add_argument("--max-messages", type=positive_int, help="Exit after this many messages.")
+        parser.add_argument("--max-runtime", type=positive_float, help="Exit after this many seconds.")
+        parser.add_argument("--grace", type=float, help="Seconds running handlers get to finish after a signal.")
+        parser.add_argument("--exec", dest="exec_command", metavar="CMD", help="Run CMD per message, payload on stdin.")
+        parser.add_argument("--reap", action="store_true", help="Also run the reaper in this process.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        handler = None
+        if options["exec_command"]:
+            if not options["queues"]:
+                raise CommandError("--exec needs the queues to serve named")
+            from django_dbqueue.execmode import ExecHandler
+
+            handler = ExecHandler(options["exec_command"])
+        if options["verbosity"] >= 2:
+            logging.getLogger("django_dbqueue").setLevel(logging.DEBUG if options["verbosity"] >= 3 else logging.INFO)
+        config = WorkerConfig(
+            queues=options["queues"],
+            concurrency=options["concurrency"],
+            batch_size=options["batch_size"],
+            poll_interval=options["poll_interval"],
+            max_poll_interval=options["max_poll_interval"],
+            visibility_timeout=options["visibility_timeout"],
+            until_empty=options["until_empty"],
+            max_messages=options["max_messages"],
+            max_runtime=options["max_runtime"],
+            grace=options["grace"],
+            handler=handler,
+            reap=options["reap"],
+        )
+        try:
+            worker = QueueWorker(config)
+        except (DbQueueError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        if not worker.queues:
+            raise CommandError("no queues to serve: name them, or register handlers in an app's queues.py")
+        status = worker.run()
+        sys.exit(int(status))

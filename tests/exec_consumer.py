@@ -1,0 +1,21 @@
+"""An exec-mode consumer (``runqueueworker --exec``), as a program in any language would be.
+
+Reads the payload from stdin, appends ``id queue kind attempt text`` to the
+file named by its argument, and exits with the payload's ``exit`` status.
+"""
+
+import json
+import os
+import sys
+
+payload = json.load(sys.stdin)
+with open(sys.argv[1], "a") as marks:
+    env = os.environ
+    marks.write(
+        f"{env['DBQUEUE_MESSAGE_ID']} {env['DBQUEUE_QUEUE']} {env['DBQUEUE_KIND']} "
+        f"{env['DBQUEUE_ATTEMPT']} {payload.get('text', '')}\n"
+    )
+status = payload.get("exit", 0)
+if status:
+    print(f"consumer says: cannot do {status}", file=sys.stderr)
+sys.exit(status)

@@ -1,0 +1,251 @@
+"""The worker, in this process and as real ``runqueueworker`` processes."""
+
+import signal
+import sys
+import time
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+import django_dbqueue
+from django_dbqueue import handlers
+from django_dbqueue.models import ArchivedMessage, Message, Outcome, Worker
+from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
+from tests.processes import ROOT, read_marks, start_worker, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run(queues, **options) -> ExitStatus:
+    return QueueWorker(WorkerConfig(queues=queues, until_empty=True, **options)).run()
+
+
+def test_handlers_are_discovered_from_queues_modules():
+    names = {queue for queue, _ in handlers.registered()}
+    assert {"w-ok", "w-outcomes", "w-slow", "w-poison"} <= names
+
+
+def test_each_handler_outcome_is_recorded(settings):
+    settings.DBQUEUE = {**settings.DBQUEUE, "BACKOFF_BASE": 60}
+    ids = {
+        action: django_dbqueue.enqueue("w-outcomes", {"action": action}).pk
+        for action in ("ok", "raise", "reject", "retry", "defer")
+    }
+    assert run(["w-outcomes"], concurrency=2, batch_size=3) == ExitStatus.OK
+    archived = {row.message_id: row for row in ArchivedMessage.objects.all()}
+    assert archived[ids["ok"]].outcome == Outcome.ACKED and archived[ids["ok"]].result == "fine"
+    assert archived[ids["reject"]].outcome == Outcome.DEAD and archived[ids["reject"]].last_error == "not for us"
+    live = {m.pk: m for m in Message.objects.all()}
+    assert set(live) == {ids["raise"], ids["retry"], ids["defer"]}
+    assert "ValueError: asked to fail" in live[ids["raise"]].last_error
+    assert live[ids["raise"]].attempts == 1 and live[ids["raise"]].lease_token is None
+    assert live[ids["retry"]].last_error == "try later"
+    assert live[ids["defer"]].attempts == 0  # a deferral is not a failed attempt
+    assert set(Message.objects.scheduled().values_list("pk", flat=True)) == set(live)
+    assert Worker.objects.count() == 0  # removed on a clean exit
+
+
+def test_message_without_handler_is_dead_lettered_with_a_reason():
+    message = django_dbqueue.enqueue("w-nobody", {}, kind="mystery")
+    assert run(["w-nobody"]) == ExitStatus.OK
+    row = ArchivedMessage.objects.get(message_id=message.pk)
+    assert row.outcome == Outcome.DEAD
+    assert row.last_error == "no handler for queue 'w-nobody', kind 'mystery'"
+
+
+def test_until_empty_and_max_messages(tmp_path):
+    django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(7)])
+    worker = QueueWorker(WorkerConfig(queues=["w-ok"], max_messages=3, batch_size=2))
+    assert worker.run() == ExitStatus.OK
+    assert ArchivedMessage.objects.count() == 3 and Message.objects.count() == 4
+    assert Message.objects.in_flight().count() == 0  # nothing claimed beyond the limit stays held
+    assert run(["w-ok"], batch_size=5) == ExitStatus.OK
+    assert ArchivedMessage.objects.acked().count() == 7
+
+
+def test_paused_queue_is_skipped():
+    from django_dbqueue.control import set_paused
+
+    django_dbqueue.enqueue("w-ok", {})
+    set_paused("w-ok", True)
+    assert run(["w-ok"], max_runtime=1) == ExitStatus.OK
+    assert Message.objects.ready().count() == 1
+    set_paused("w-ok", False)
+    assert run(["w-ok"]) == ExitStatus.OK
+    assert Message.objects.count() == 0
+
+
+def test_heartbeat_keeps_long_work_leased(settings):
+    settings.DBQUEUE = {**settings.DBQUEUE, "HEARTBEAT_INTERVAL": 0.2, "WORKER_STALE_AFTER": 5}
+    message = django_dbqueue.enqueue("w-slow", {"sleep": 2.5})
+    # The lease is 1 s, the handler takes 2.5 s: without the heartbeat it would expire.
+    assert run(["w-slow"], visibility_timeout=1) == ExitStatus.OK
+    row = ArchivedMessage.objects.get(message_id=message.pk)
+    assert row.outcome == Outcome.ACKED and row.attempts == 1
+
+
+def test_command_rejects_bad_arguments():
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="--exec needs the queues"):
+        call_command("runqueueworker", exec_command="cat")
+    with pytest.raises(CommandError, match="queue name"):
+        call_command("runqueueworker", "bad queue!")
+
+
+# --- real processes ------------------------------------------------------------
+
+
+def test_worker_process_registers_itself_and_logs_each_message(tmp_path):
+    django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(5)])
+    worker = start_worker("w-ok", "--until-empty", "-v3", marks=tmp_path / "marks")
+    _, err = worker.communicate(timeout=60)
+    assert worker.returncode == ExitStatus.OK, err
+    assert err.count(": acked in ") == 5  # one DEBUG line per message
+    assert ArchivedMessage.objects.acked().count() == 5
+    assert {pid for _, _, pid in read_marks(tmp_path / "marks")} == {worker.pid}
+    assert Worker.objects.count() == 0
+
+
+def test_worker_row_while_running(tmp_path):
+    worker = start_worker("w-ok", "--concurrency", "3", "--max-runtime", "30")
+    try:
+        row = wait_for(lambda: Worker.objects.filter(pid=worker.pid).first(), what="the worker row")
+        assert row.queues == ["w-ok"] and row.concurrency == 3
+        django_dbqueue.enqueue("w-ok", {})
+        wait_for(lambda: Worker.objects.filter(pid=worker.pid, processed=1).exists(), what="the processed count")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=60)
+    assert worker.returncode == ExitStatus.OK
+    assert not Worker.objects.filter(pid=worker.pid).exists()
+
+
+def test_sigterm_finishes_the_running_handler_and_releases_the_rest_at_once(tmp_path):
+    marks = tmp_path / "marks"
+    slow = django_dbqueue.enqueue("w-slow", {"sleep": 4}, priority=-1)
+    rest = [m.pk for m in django_dbqueue.enqueue_many("w-slow", [{"sleep": 0}] * 5)]
+    worker = start_worker("w-slow", "--batch-size", "6", marks=marks)
+    wait_for(lambda: ("start", slow.pk, worker.pid) in read_marks(marks), what="the slow handler to start")
+    assert Message.objects.filter(pk__in=rest, lease_token__isnull=False).count() == 5  # claimed, unstarted
+    worker.send_signal(signal.SIGTERM)
+    # The unstarted five are ready again long before the running handler ends.
+    wait_for(
+        lambda: Message.objects.filter(pk__in=rest, lease_token__isnull=True, attempts=0).ready().count() == 5,
+        timeout=3,
+        what="the unstarted messages to be released",
+    )
+    assert worker.poll() is None  # still finishing the slow one
+    worker.communicate(timeout=60)
+    assert worker.returncode == ExitStatus.OK
+    assert ArchivedMessage.objects.get(message_id=slow.pk).outcome == Outcome.ACKED
+    assert ("start", rest[0], worker.pid) not in read_marks(marks)
+
+
+def test_second_signal_exits_at_once(tmp_path):
+    marks = tmp_path / "marks"
+    slow = django_dbqueue.enqueue("w-slow", {"sleep": 60})
+    worker = start_worker("w-slow", marks=marks)
+    wait_for(lambda: read_marks(marks), what="the handler to start")
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    worker.send_signal(signal.SIGTERM)
+    worker.communicate(timeout=15)
+    assert worker.returncode == ExitStatus.FORCED
+    assert Message.objects.in_flight().get().pk == slow.pk  # its lease will expire
+
+
+def test_killed_worker_message_runs_again_within_15_seconds(tmp_path):
+    """Default settings; a lease of 10 minutes; the reaper sees the silent heartbeat."""
+    marks = tmp_path / "marks"
+    message = django_dbqueue.enqueue("w-slow", {"sleep": 600})
+    first = start_worker("w-slow", "--visibility-timeout", "600", marks=marks)
+    wait_for(lambda: read_marks(marks), what="the handler to start")
+    first.send_signal(signal.SIGKILL)
+    first.communicate(timeout=10)
+    killed_at = time.monotonic()
+    second = start_worker("w-slow", "--visibility-timeout", "600", "--reap", marks=marks)
+    try:
+        wait_for(
+            lambda: ArchivedMessage.objects.filter(message_id=message.pk, outcome=Outcome.ACKED).exists(),
+            timeout=60,
+            what="the second worker to process the message",
+        )
+        assert time.monotonic() - killed_at < 15
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.communicate(timeout=60)
+    assert [e for e in read_marks(marks) if e[0] == "done"] == [("done", message.pk, second.pid)]
+    assert ArchivedMessage.objects.get(message_id=message.pk).attempts == 2
+    assert not Worker.objects.exists()
+
+
+def test_poison_message_is_dead_lettered_while_others_flow(tmp_path):
+    marks = tmp_path / "marks"
+    poison = django_dbqueue.enqueue("w-poison", {}, max_attempts=2)
+    good = [m.pk for m in django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(20)])]
+    deadline = time.monotonic() + 120
+    runs = 0
+    while time.monotonic() < deadline:
+        done = ArchivedMessage.objects.filter(message_id__in=good, outcome=Outcome.ACKED).count() == len(good)
+        if done and ArchivedMessage.objects.filter(message_id=poison.pk).exists():
+            break
+        # Each run claims the poison message (and dies) or works the rest; the reaper
+        # of a later run dead-letters the poison once its last lease has expired.
+        worker = start_worker(
+            "w-poison", "w-ok", "--visibility-timeout", "1", "--reap", "--max-runtime", "4", marks=marks
+        )
+        worker.communicate(timeout=60)
+        runs += 1
+    row = ArchivedMessage.objects.get(message_id=poison.pk)
+    assert row.outcome == Outcome.DEAD and row.attempts == 2
+    assert "the worker died running it" in row.last_error
+    done = [pk for event, pk, _ in read_marks(marks) if event == "done"]
+    assert sorted(done) == sorted(good)  # each good message exactly once
+    assert [e for e, pk, _ in read_marks(marks) if pk == poison.pk] == ["start", "start"]
+    assert runs >= 3
+
+
+def test_exec_mode_acks_on_exit_0_and_fails_with_stderr(tmp_path):
+    marks = tmp_path / "marks"
+    ok = django_dbqueue.enqueue("w-exec", {"exit": 0, "text": "it's $(rm -rf /); `x`"}, kind="k1")
+    bad = django_dbqueue.enqueue("w-exec", {"exit": 3}, max_attempts=1)
+    command = f"{sys.executable} {ROOT / 'tests' / 'exec_consumer.py'} {marks}"
+    worker = start_worker("w-exec", "--until-empty", "--exec", command)
+    _, err = worker.communicate(timeout=60)
+    assert worker.returncode == ExitStatus.OK, err
+    acked = ArchivedMessage.objects.get(message_id=ok.pk)
+    assert acked.outcome == Outcome.ACKED
+    seen = marks.read_text().splitlines()
+    assert f"{ok.pk} w-exec k1 1 it's $(rm -rf /); `x`" in seen  # data reached the consumer untouched
+    dead = ArchivedMessage.objects.get(message_id=bad.pk)
+    assert dead.outcome == Outcome.DEAD
+    assert "exited with status 3" in dead.last_error and "consumer says: cannot do 3" in dead.last_error
+
+
+def test_exec_mode_command_that_does_not_exist():
+    django_dbqueue.enqueue("w-exec", {}, max_attempts=1)
+    worker = start_worker("w-exec", "--until-empty", "--exec", "no-such-program-here --flag")
+    worker.communicate(timeout=60)
+    assert "cannot run 'no-such-program-here'" in ArchivedMessage.objects.get().last_error
+
+
+def test_postgres_notify_wakes_an_idle_worker():
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; on other databases workers poll")
+    worker = start_worker("w-ok", "--poll-interval", "60", "--max-poll-interval", "60", "--max-runtime", "50")
+    try:
+        wait_for(lambda: Worker.objects.filter(pid=worker.pid).exists(), what="the worker to start")
+        time.sleep(1)  # it has polled once and now waits 60 s, unless woken
+        started = time.monotonic()
+        message = django_dbqueue.enqueue("w-ok", {})
+        wait_for(
+            lambda: ArchivedMessage.objects.filter(message_id=message.pk).exists(),
+            timeout=20,
+            what="the notified worker to process the message",
+        )
+        assert time.monotonic() - started < 20
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=60)
