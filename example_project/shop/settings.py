@@ -66,6 +66,10 @@ DBQUEUE = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_dbqueue": {"handlers": ["console"], "level": env("DBQUEUE_LOG_LEVEL", default="WARNING")}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "level": env("DBQUEUE_LOG_LEVEL", default="WARNING")},
+    },
+    # The logger passes everything; the handler's level decides what the console shows
+    # (the demo adds its own handler for the per-message DEBUG lines).
+    "loggers": {"django_dbqueue": {"handlers": ["console"], "level": "DEBUG"}},
 }

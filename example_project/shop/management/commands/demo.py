@@ -1,12 +1,13 @@
 """Enqueue a handful of messages, process them, and print what happened."""
 
+import logging
 import time
 
 from django.core.management.base import BaseCommand
 
 import django_dbqueue
-from django_dbqueue.dispatch import process
 from django_dbqueue.models import ArchivedMessage, Message
+from django_dbqueue.worker import QueueWorker, WorkerConfig
 
 
 class Command(BaseCommand):
@@ -26,15 +27,20 @@ class Command(BaseCommand):
         out(f"  key 'news-cy' enqueued twice -> one message (#{again.pk} == #{dup.pk})")
         out(f"  live: {Message.objects.counts_by_queue()}")
 
-        deadline = time.monotonic() + 30
-        while Message.objects.filter(queue="emails").exists() and time.monotonic() < deadline:
-            batch = Message.objects.claim("emails", limit=10, worker="demo")
-            if not batch:
-                time.sleep(0.1)  # a retry is waiting out its backoff
-                continue
-            for message in batch:
-                outcome = process(message, worker="demo")
-                self.stdout.write(f"  #{message.pk} {message.kind}: {outcome} (attempt {message.attempts})")
+        out("\nRunning a worker until the queue is empty (one line per message):")
+        log = logging.getLogger("django_dbqueue")
+        printer = logging.StreamHandler(self.stdout)
+        printer.setFormatter(logging.Formatter("  %(message)s"))
+        printer.addFilter(lambda record: record.getMessage().startswith("message ") and " in " in record.getMessage())
+        log.addHandler(printer)
+        try:
+            deadline = time.monotonic() + 30
+            # A failed message waits out its backoff (scheduled, not ready), so run again until none is left.
+            while Message.objects.filter(queue="emails").exists() and time.monotonic() < deadline:
+                QueueWorker(WorkerConfig(queues=["emails"], batch_size=10, until_empty=True)).run()
+                time.sleep(0.2)
+        finally:
+            log.removeHandler(printer)
 
         out("\nArchive:")
         for row in ArchivedMessage.objects.filter(queue="emails").order_by("message_id"):

@@ -1,0 +1,108 @@
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, connections
+from django.utils import timezone
+
+import django_dbqueue
+from django_dbqueue.models import ArchivedMessage, Message, Outcome, Worker
+from django_dbqueue.reaper import LOCK_NAME, Reaper
+from django_dbqueue.vendor import try_lock
+from tests.factories import ArchivedMessageFactory, WorkerFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_stale_worker_messages_come_back_at_once():
+    dead = WorkerFactory(stale=True)
+    alive = WorkerFactory()
+    django_dbqueue.enqueue_many("q", [{"n": n} for n in range(3)])
+    held = Message.objects.claim("q", 2, visibility_timeout=600, worker=dead.name)
+    kept = Message.objects.claim("q", 1, visibility_timeout=600, worker=alive.name)
+    report = Reaper().run_once()
+    assert (report.stale_workers, report.released) == (1, 2)
+    ready = Message.objects.ready()
+    assert set(ready.values_list("pk", flat=True)) == {m.pk for m in held}
+    assert all(m.attempts == 1 and m.claimed_by == "" for m in ready)  # the attempt still counts
+    assert Message.objects.in_flight().get().pk == kept[0].pk
+    assert list(Worker.objects.values_list("name", flat=True)) == [alive.name]
+    assert not held[0].ack()  # the dead worker's lease is gone
+
+
+def test_stale_worker_on_its_last_attempt_is_dead_lettered():
+    dead = WorkerFactory(stale=True)
+    message = django_dbqueue.enqueue("q", {}, max_attempts=1)
+    Message.objects.claim("q", visibility_timeout=600, worker=dead.name)
+    report = Reaper().run_once()
+    assert report.poison == 1 and report.released == 0
+    row = ArchivedMessage.objects.get(message_id=message.pk)
+    assert row.outcome == Outcome.DEAD and f"worker {dead.name} stopped answering" in row.last_error
+
+
+def test_expired_lease_on_last_attempt_is_dead_lettered_and_never_claimed():
+    poison = django_dbqueue.enqueue("q", {}, max_attempts=1)
+    other = django_dbqueue.enqueue("q", {}, max_attempts=2)
+    Message.objects.claim("q", 2, visibility_timeout=0.2)
+    time.sleep(0.4)
+    # Both leases ran out; only the one with attempts left may be claimed again.
+    assert [m.pk for m in Message.objects.claim("q", 5, visibility_timeout=600)] == [other.pk]
+    assert Reaper().run_once().poison == 1
+    row = ArchivedMessage.objects.get(message_id=poison.pk)
+    assert row.outcome == Outcome.DEAD and "lease expired on attempt 1" in row.last_error
+    assert Message.objects.get().pk == other.pk  # in flight, with a live lease: untouched
+
+
+def test_expired_messages_are_archived_unless_held():
+    past = timezone.now() - timedelta(seconds=1)
+    gone = django_dbqueue.enqueue("q", {"n": 1}, expires_at=past)
+    held = django_dbqueue.enqueue("q", {"n": 2}, expires_at=timezone.now() + timedelta(seconds=2))
+    Message.objects.claim("q", visibility_timeout=600)
+    fresh = django_dbqueue.enqueue("q", {"n": 3}, expires_at=timezone.now() + timedelta(hours=1))
+    time.sleep(2.1)
+    assert Reaper(batch_size=1).run_once().expired == 1
+    assert ArchivedMessage.objects.get().message_id == gone.pk
+    assert ArchivedMessage.objects.get().outcome == Outcome.EXPIRED
+    assert set(Message.objects.values_list("pk", flat=True)) == {held.pk, fresh.pk}
+
+
+def test_prune_respects_each_queue_retention_in_batches(settings):
+    settings.DBQUEUE = {**settings.DBQUEUE, "RETENTION_DAYS": 30, "QUEUES": {"keep": {"RETENTION_DAYS": None}}}
+    old = timezone.now() - timedelta(days=40)
+    ArchivedMessageFactory.create_batch(5, queue="q", finished_at=old)
+    ArchivedMessageFactory.create_batch(2, queue="keep", finished_at=old)
+    recent = ArchivedMessageFactory(queue="q")
+    assert Reaper(batch_size=2).run_once().pruned == 5
+    assert set(ArchivedMessage.objects.values_list("queue", flat=True)) == {"keep", "q"}
+    assert ArchivedMessage.objects.filter(queue="q").get().pk == recent.pk
+
+
+def test_only_one_reaper_acts_at_a_time():
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has one writer at a time; there every reaper takes the lock")
+    holding, done = threading.Event(), threading.Event()
+
+    def other_reaper():
+        with try_lock("default", LOCK_NAME) as held:
+            assert held
+            holding.set()
+            done.wait(30)
+        connections.close_all()
+
+    thread = threading.Thread(target=other_reaper)
+    thread.start()
+    try:
+        assert holding.wait(30)
+        assert Reaper().run_once() is None
+    finally:
+        done.set()
+        thread.join()
+    assert Reaper().run_once() is not None  # released with the other's session
+
+
+def test_reapqueue_prints_what_it_did(capsys):
+    WorkerFactory(stale=True)
+    call_command("reapqueue")
+    assert "1 stale worker(s) removed, 0 message(s) released" in capsys.readouterr().out
