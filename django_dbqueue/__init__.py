@@ -33,6 +33,7 @@ _EXPORTS = {
     "LeaseLost": "exceptions",
     "NotClaimed": "exceptions",
     "ImproperlyConfiguredQueue": "exceptions",
+    "CommandFailed": "exceptions",
 }
 
 __all__ = ["__version__", *_EXPORTS]

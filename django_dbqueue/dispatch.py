@@ -22,6 +22,7 @@ from functools import partial
 from .conf import get_settings, queue_options
 from .handlers import Defer, Handler, Reject, Retry, find_handler
 from .models import Message
+from .operations import attempts_left
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -62,6 +63,9 @@ def decide(message: Message, *, worker: str = "", handler: Handler | None = None
         return Verdict(Outcome.REJECTED, partial(message.reject, requeue=False, reason=exc.reason))
     except Retry as exc:
         reason = exc.reason or "retry requested"
+        if not attempts_left(message):
+            reason = f"{reason}; no attempts left ({message.attempts} made)"
+            return Verdict(Outcome.REJECTED, partial(message.reject, requeue=False, reason=reason))
         return Verdict(Outcome.RETRIED, partial(message.reject, delay=exc.delay, reason=reason))
     except Defer as exc:
         return Verdict(Outcome.DEFERRED, partial(message.defer, exc.until, delay=exc.delay))

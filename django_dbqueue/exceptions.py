@@ -49,3 +49,7 @@ class DuplicateKey(DbQueueError):
 
 class AlreadyReplayed(DbQueueError):
     """This archived message was replayed before; pass ``force=True`` to replay it again."""
+
+
+class CommandFailed(DbQueueError):
+    """An exec-mode command (``runqueueworker --exec``) exited with a non-zero status."""

@@ -15,16 +15,12 @@ import shlex
 import subprocess
 from typing import TYPE_CHECKING
 
-from .exceptions import DbQueueError, InvalidOption
+from .exceptions import CommandFailed, InvalidOption
 
 if TYPE_CHECKING:
     from .models import Message
 
 STDERR_TAIL = 4000
-
-
-class CommandFailed(DbQueueError):
-    """The exec-mode command exited with a non-zero status."""
 
 
 class ExecHandler:

@@ -13,7 +13,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min, Q, Value
+from django.db.models.functions import Coalesce
 
 from .vendor import DbNow
 
@@ -56,6 +57,16 @@ class MessageQuerySet(models.QuerySet["Message"]):
 
     def expired(self) -> MessageQuerySet:
         return self.filter(expires_at__lte=DbNow())
+
+    def claimable(self, max_attempts: int) -> MessageQuerySet:
+        """What a claim may take now: ready, not expired, and not a poison message.
+
+        ``max_attempts`` is the queue's default, for messages that set none. A
+        message whose lease expired on its last attempt killed (or outlived)
+        its worker: the reaper dead-letters it, nobody claims it again.
+        """
+        exhausted = Q(lease_token__isnull=False, attempts__gte=Coalesce("max_attempts", Value(max_attempts)))
+        return self.ready().filter(Q(expires_at__isnull=True) | Q(expires_at__gt=DbNow())).exclude(exhausted)
 
     def counts_by_queue(self) -> dict[str, dict[str, int]]:
         """``{queue: {"ready": n, "scheduled": n, "in_flight": n}}`` in one query."""

@@ -21,8 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError
-from django.db.models import F, Q, Value
-from django.db.models.functions import Coalesce
+from django.db.models import F, Q
 
 from . import validation
 from .conf import get_settings, queue_options
@@ -243,11 +242,8 @@ def _claim(names: list[str], limit: int, timeout: float | None, worker: str, usi
             claimed += list(
                 Message.objects.using(using)
                 .select_for_update(skip_locked=True)
-                .filter(queue=name, available_at__lte=DbNow())
-                .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=DbNow()))
-                # A lease that expired on its last attempt is a poison message
-                # (it killed its worker): the reaper dead-letters it, nobody claims it.
-                .filter(attempts__lt=Coalesce("max_attempts", Value(queue_options(name).max_attempts)))
+                .filter(queue=name)
+                .claimable(queue_options(name).max_attempts)
                 .annotate(db_now=DbNow())
                 .order_by("priority", "available_at", "id")[:wanted]
             )
@@ -280,7 +276,11 @@ def _leased(message: Message) -> Any:
     """The queryset that matches ``message`` only while we hold its lease."""
     if message.pk is None or not message.lease_token:
         raise NotClaimed(f"message {message.pk} is not claimed (it has no lease token); claim it first")
-    return Message.objects.using(message._state.db).filter(pk=message.pk, lease_token=message.lease_token)
+    # A lease that ran out is lost even before another worker claims the message:
+    # the reaper or a new claim may act on it at any moment.
+    return Message.objects.using(message._state.db).filter(
+        pk=message.pk, lease_token=message.lease_token, available_at__gt=DbNow()
+    )
 
 
 def error_text(error: BaseException | str) -> str:

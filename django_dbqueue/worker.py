@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
@@ -34,6 +35,7 @@ from . import handlers as handler_registry
 from . import vendor
 from .conf import get_settings, queue_options
 from .dispatch import Outcome, Verdict, decide
+from .exceptions import DbQueueError, InvalidOption
 from .handlers import Handler
 from .models import Message, QueueState
 from .models import Worker as WorkerRow
@@ -80,7 +82,7 @@ class QueueWorker:
         self.queues = validate_queues(config.queues or sorted({q for q, _ in handler_registry.registered()}))
         databases = {queue_options(q).database for q in self.queues}
         if len(databases) != 1:
-            raise ValueError(f"one worker serves queues of one database; {self.queues} use {sorted(databases)}")
+            raise InvalidOption(f"one worker serves queues of one database; {self.queues} use {sorted(databases)}")
         self.using = databases.pop()
         self.poll_interval = config.poll_interval or dbq.poll_interval
         self.max_poll_interval = max(config.max_poll_interval or dbq.max_poll_interval, self.poll_interval)
@@ -219,6 +221,8 @@ class QueueWorker:
                         self._running[ident] = message
                     try:
                         self._process(message)
+                    except Exception:  # a bug of ours must not stop the thread; the lease will expire
+                        logger.exception("worker %s: could not process message %s", self.name, message.pk)
                     finally:
                         with self._lock:
                             self._running.pop(ident, None)
@@ -251,7 +255,10 @@ class QueueWorker:
         with self._lock:
             if self._running or any(self._held.values()):
                 return False
-        return not Message.objects.using(self.using).for_queue(self.queues).ready().exists()
+        return not any(
+            Message.objects.using(self.using).filter(queue=q).claimable(queue_options(q).max_attempts).exists()
+            for q in self.queues
+        )
 
     def _paused_queues(self) -> set[str]:
         now = time.monotonic()
@@ -294,6 +301,11 @@ class QueueWorker:
             except DatabaseError as exc:
                 attempt += 1
                 self._database_trouble(f"recording message {message.pk} as {verdict.outcome}", exc, attempt)
+            except DbQueueError as exc:
+                # The handler asked for something invalid (a naive Defer date, a
+                # negative Retry delay): that is the handler's failure.
+                logger.warning("message %s: handler's %s is invalid: %s", message.pk, verdict.outcome, exc)
+                verdict = Verdict(Outcome.FAILED, partial(message.fail, exc))
 
     def _database_trouble(self, what: str, exc: Exception, attempt: int = 1) -> None:
         logger.warning("worker %s: %s failed (%s); retrying", self.name, what, str(exc).strip().splitlines()[0])

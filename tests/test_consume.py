@@ -95,6 +95,14 @@ def test_lease_expiry_redelivers_and_the_late_ack_changes_nothing():
     assert ArchivedMessage.objects.get().finished_by == "fast"
 
 
+def test_a_lease_that_ran_out_is_lost_even_before_another_claim():
+    django_dbqueue.enqueue("q", {})
+    [message] = Message.objects.claim("q", visibility_timeout=0.3)
+    time.sleep(0.5)
+    assert message.ack() is False and message.extend_lease(60) is False
+    assert Message.objects.ready().count() == 1 and ArchivedMessage.objects.count() == 0
+
+
 def test_fail_retries_with_backoff_then_dead_letters():
     django_dbqueue.enqueue("q", {}, max_attempts=2)
     [message] = Message.objects.claim("q")

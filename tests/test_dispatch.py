@@ -90,3 +90,10 @@ def test_duplicate_registration_is_refused(handler):
 
     with pytest.raises(Exception, match="two handlers for queue 'jobs'"):
         handlers.handler("jobs")(other)
+
+
+def test_retry_on_the_last_attempt_dead_letters(handler):
+    handler("jobs")(lambda m: (_ for _ in ()).throw(django_dbqueue.Retry(delay=1, reason="later")))
+    assert process(claim_one(max_attempts=1)) == Outcome.REJECTED
+    row = ArchivedMessage.objects.dead().get()
+    assert row.last_error == "later; no attempts left (1 made)"

@@ -46,6 +46,26 @@ def test_each_handler_outcome_is_recorded(settings):
     assert Worker.objects.count() == 0  # removed on a clean exit
 
 
+def test_invalid_handler_request_fails_the_message_and_the_worker_carries_on():
+    bad = django_dbqueue.enqueue("w-outcomes", {"action": "bad-defer"}, max_attempts=1)
+    good = django_dbqueue.enqueue("w-outcomes", {"action": "ok"})
+    assert run(["w-outcomes"]) == ExitStatus.OK
+    assert "until must be timezone-aware" in ArchivedMessage.objects.get(message_id=bad.pk).last_error
+    assert ArchivedMessage.objects.get(message_id=good.pk).outcome == Outcome.ACKED
+
+
+def test_until_empty_ignores_what_no_claim_would_take():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    django_dbqueue.enqueue("w-ok", {}, expires_at=timezone.now() + timedelta(seconds=0.3))
+    time.sleep(0.5)  # expired, not yet reaped: ready by time, but no claim takes it
+    started = time.monotonic()
+    assert run(["w-ok"]) == ExitStatus.OK
+    assert time.monotonic() - started < 30 and Message.objects.count() == 1
+
+
 def test_message_without_handler_is_dead_lettered_with_a_reason():
     message = django_dbqueue.enqueue("w-nobody", {}, kind="mystery")
     assert run(["w-nobody"]) == ExitStatus.OK

@@ -8,6 +8,7 @@ inside a worker it started.
 import os
 import signal
 import time
+from datetime import datetime
 
 import django_dbqueue
 
@@ -36,6 +37,8 @@ def outcomes(message):
         raise django_dbqueue.Retry(delay=60, reason="try later")
     if action == "defer":
         raise django_dbqueue.Defer(delay=3600)
+    if action == "bad-defer":
+        raise django_dbqueue.Defer(until=datetime(2030, 1, 1))  # naive: refused when recorded
     return "fine"
 
 

@@ -69,7 +69,7 @@ class Command(BaseCommand):
         )
         try:
             worker = QueueWorker(config)
-        except (DbQueueError, ValueError) as exc:
+        except DbQueueError as exc:
             raise CommandError(str(exc)) from exc
         if not worker.queues:
             raise CommandError("no queues to serve: name them, or register handlers in an app's queues.py")
