@@ -55,7 +55,7 @@ def replay(archived: ArchivedMessage, *, by: str = "", payload: Any = None, forc
             )
             message.replay_of = row.pk
             insert_message(message, None, using)
-            if not message._dbqueue_created:
+            if not message.was_created:
                 raise DuplicateKey(
                     f"key {row.key!r} is live in queue {row.queue!r} as message {message.pk}; "
                     "finish or cancel that one before replaying"

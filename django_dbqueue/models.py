@@ -160,6 +160,11 @@ class Message(models.Model):
     def __str__(self) -> str:
         return f"{self.queue}#{self.pk}" + (f" ({self.kind})" if self.kind else "")
 
+    @property
+    def was_created(self) -> bool:
+        """After ``enqueue``: True if the call inserted this message, False if it found its key live."""
+        return getattr(self, "_dbqueue_created", False)
+
     def state_at(self, now: datetime) -> str:
         if self.available_at <= now:
             return MessageState.READY

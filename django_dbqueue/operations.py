@@ -81,7 +81,7 @@ def enqueue(queue: str, payload: Any, **options: Any) -> Message:
     ``priority`` (smaller first), ``headers``, ``max_attempts``,
     ``expires_at``, ``using``. With a ``key`` already live in the queue,
     nothing is inserted and the live message is returned (its
-    ``_dbqueue_created`` is False).
+    ``was_created`` is False).
 
     Inside the caller's transaction, the message commits or rolls back with it.
     """

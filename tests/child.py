@@ -53,7 +53,7 @@ def consume(queue: str, expected: str, batch: str, deadline: str) -> dict:
 def dedup(queue: str, key: str, start_at: str) -> dict:
     wait_until(float(start_at))
     message = enqueue(queue, {"by": os.getpid()}, key=key)
-    return {"id": message.pk, "created": message._dbqueue_created}
+    return {"id": message.pk, "created": message.was_created}
 
 
 ROLES = {"produce": produce, "consume": consume, "dedup": dedup}

@@ -50,7 +50,7 @@ def test_key_deduplicates_live_messages():
     again = django_dbqueue.enqueue("q", {"v": 2}, key="order-1")
     other_queue = django_dbqueue.enqueue("other", {"v": 3}, key="order-1")
     assert again.pk == first.pk and again.payload == {"v": 1}
-    assert first._dbqueue_created and not again._dbqueue_created
+    assert first.was_created and not again.was_created
     assert other_queue.pk != first.pk
     assert Message.objects.filter(queue="q").count() == 1
 
@@ -60,7 +60,7 @@ def test_key_is_free_again_once_the_message_finished():
     [claimed] = Message.objects.claim("q")
     assert claimed.ack()
     second = django_dbqueue.enqueue("q", {}, key="k")
-    assert second.pk != first.pk and second._dbqueue_created
+    assert second.pk != first.pk and second.was_created
 
 
 def test_rollback_leaves_no_message():
