@@ -41,6 +41,12 @@ def _number(minimum: float, *, allow_none: bool = False) -> Callable[[Any], str 
     return check
 
 
+def _fraction(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"must be a number, not {type(value).__name__}"
+    return None if 0 <= value <= 1 else f"must be between 0 and 1 (a fraction of the delay), not {value!r}"
+
+
 def _integer(minimum: int) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -76,7 +82,7 @@ QUEUE_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     "MAX_ATTEMPTS": (5, _integer(1)),
     "BACKOFF_BASE": (2.0, _number(0)),
     "BACKOFF_MAX": (3600.0, _number(0)),
-    "BACKOFF_JITTER": (0.2, _number(0)),
+    "BACKOFF_JITTER": (0.2, _fraction),
     "ARCHIVE": (True, _boolean),
     "RETENTION_DAYS": (30, _number(0, allow_none=True)),
     "UNHANDLED": ("dead", _choice("dead", "keep")),

@@ -1,0 +1,77 @@
+"""System checks: the DBQUEUE setting (E001) and what the database can do (E002, W001)."""
+
+import pytest
+from django.core import checks
+from django.db import connection
+
+from django_dbqueue import checks as dbqueue_checks
+from django_dbqueue.conf import get_settings
+from django_dbqueue.exceptions import ImproperlyConfiguredQueue
+
+# Django's own model checks query SQLite for its JSON support.
+pytestmark = pytest.mark.django_db
+
+
+def ids_and_messages(**kwargs):
+    found = checks.run_checks(include_deployment_checks=False, **kwargs)
+    return [(m.id, m.msg) for m in found if m.id and m.id.startswith("django_dbqueue")]
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ([], "DBQUEUE must be a dict, not list"),
+        ({"VISIBILITY_TIMOUT": 5}, "unknown key 'VISIBILITY_TIMOUT'"),
+        ({"VISIBILITY_TIMEOUT": "5"}, "DBQUEUE['VISIBILITY_TIMEOUT'] must be a number, not str"),
+        ({"MAX_ATTEMPTS": 0}, "DBQUEUE['MAX_ATTEMPTS'] must be >= 1"),
+        ({"ARCHIVE": "yes"}, "DBQUEUE['ARCHIVE'] must be True or False"),
+        ({"BACKOFF_JITTER": 1.5}, "must be between 0 and 1"),
+        ({"UNHANDLED": "drop"}, "DBQUEUE['UNHANDLED'] must be one of 'dead', 'keep'"),
+        ({"DATABASE": "nope"}, "names no database in DATABASES: 'nope'"),
+        ({"HEARTBEAT_INTERVAL": 5, "WORKER_STALE_AFTER": 6}, "more than twice HEARTBEAT_INTERVAL"),
+        ({"QUEUES": []}, "DBQUEUE['QUEUES'] must be a dict"),
+        ({"QUEUES": {"bad name": {}}}, "bad queue name"),
+        ({"QUEUES": {"q": {"REAP_INTERVAL": 1}}}, "DBQUEUE['QUEUES']['q'] has an unknown key 'REAP_INTERVAL'"),
+        ({"QUEUES": {"q": {"MAX_ATTEMPTS": -1}}}, "DBQUEUE['QUEUES']['q']['MAX_ATTEMPTS'] must be >= 1"),
+    ],
+)
+def test_bad_setting_is_an_error_naming_the_key(settings, setting, words):
+    settings.DBQUEUE = setting
+    found = ids_and_messages()
+    assert [i for i, _ in found] == ["django_dbqueue.E001"], found
+    assert words in found[0][1]
+    with pytest.raises(ImproperlyConfiguredQueue, match="DBQUEUE"):
+        get_settings()
+
+
+def test_good_setting_passes(settings):
+    settings.DBQUEUE = {"VISIBILITY_TIMEOUT": 30, "QUEUES": {"emails": {"MAX_ATTEMPTS": 9}}}
+    assert ids_and_messages() == []
+    assert get_settings().for_queue("emails").max_attempts == 9
+    assert get_settings().for_queue("emails").visibility_timeout == 30
+
+
+def test_database_without_skip_locked_is_an_error(monkeypatch):
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite is allowed without SKIP LOCKED (its single-writer rule)")
+    assert ids_and_messages(databases=["default"]) == []
+    # The servers here all have SKIP LOCKED; play an old MySQL/MariaDB (< 8.0.1 / 10.6).
+    monkeypatch.setattr(type(connection.features), "has_select_for_update_skip_locked", False)
+    found = ids_and_messages(databases=["default"])
+    assert [i for i, _ in found] == ["django_dbqueue.E002"]
+    assert "cannot SELECT ... FOR UPDATE SKIP LOCKED" in found[0][1]
+
+
+def test_repeatable_read_on_mysql_is_a_warning():
+    if connection.vendor != "mysql":
+        pytest.skip("the isolation-level warning is MySQL's")
+    assert dbqueue_checks._isolation_level("default") == "READ-COMMITTED"
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    try:
+        found = ids_and_messages(databases=["default"])
+        assert [i for i, _ in found] == ["django_dbqueue.W001"]
+        assert "REPEATABLE READ" in found[0][1]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
