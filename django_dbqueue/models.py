@@ -302,3 +302,57 @@ class QueueState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} ({'paused' if self.paused else 'running'})"
+
+
+class Subscription(models.Model):
+    """A queue subscribed to a topic: ``publish(topic, ...)`` writes a copy into each such queue.
+
+    Subscriptions come from this table (editable in the admin) and from the
+    ``TOPICS`` setting; see docs/topics.md.
+    """
+
+    topic = models.CharField(max_length=64)
+    queue = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "dbqueue_subscription"
+        ordering = ["topic", "queue"]
+        constraints = [models.UniqueConstraint(fields=["topic", "queue"], name="dbqueue_sub_topic_queue")]
+
+    def __str__(self) -> str:
+        return f"{self.topic} -> {self.queue}"
+
+
+class QueueStat(models.Model):
+    """Queue analytics per queue, kind and hour, written by ``manage.py queueanalytics``.
+
+    Times are seconds. Re-running a window replaces its rows (never doubles them).
+    """
+
+    hour = models.DateTimeField(help_text="The start of the hour (UTC) these figures cover.")
+    queue = models.CharField(max_length=64)
+    kind = models.CharField(max_length=100, blank=True, default="")
+    enqueued = models.PositiveBigIntegerField(default=0)
+    acked = models.PositiveBigIntegerField(default=0)
+    dead = models.PositiveBigIntegerField(default=0)
+    expired = models.PositiveBigIntegerField(default=0)
+    retried = models.PositiveBigIntegerField(default=0, help_text="Finished after more than one attempt.")
+    wait_p50 = models.FloatField(null=True, blank=True)
+    wait_p95 = models.FloatField(null=True, blank=True)
+    wait_p99 = models.FloatField(null=True, blank=True)
+    processing_p50 = models.FloatField(null=True, blank=True)
+    processing_p95 = models.FloatField(null=True, blank=True)
+    processing_p99 = models.FloatField(null=True, blank=True)
+    attempts = models.JSONField(default=dict, blank=True, help_text='{"1": count, "2": count, ...}')
+    top_errors = models.JSONField(default=list, blank=True, help_text="[[error type, count], ...] among dead letters")
+    throughput = models.FloatField(default=0, help_text="Finished messages per second over the hour.")
+    computed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "dbqueue_queue_stat"
+        ordering = ["-hour", "queue", "kind"]
+        constraints = [models.UniqueConstraint(fields=["hour", "queue", "kind"], name="dbqueue_stat_hour_queue_kind")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.kind or '*'} {self.hour:%Y-%m-%d %H:00}"
