@@ -115,7 +115,11 @@ def release_lease(message: Message) -> bool:
 def set_paused(queue: str, paused: bool, *, by: str = "", using: str = "default") -> QueueState:
     """Pause or resume a queue; workers stop claiming from a paused queue."""
     validation.validate_queue_name(queue)
-    state, _ = QueueState.objects.using(using).update_or_create(
-        queue=queue, defaults={"paused": paused, "changed_by": by}
-    )
-    return state
+
+    def run() -> QueueState:
+        with write_transaction(using):
+            return QueueState.objects.using(using).update_or_create(
+                queue=queue, defaults={"paused": paused, "changed_by": by}
+            )[0]
+
+    return with_retries(using, run, what="pause")

@@ -20,7 +20,7 @@ from .exceptions import CommandFailed, InvalidOption
 if TYPE_CHECKING:
     from .models import Message
 
-STDERR_TAIL = 4000
+TAIL = 4000  # characters of stderr (errors) and stdout (results) kept
 
 
 class ExecHandler:
@@ -55,10 +55,10 @@ class ExecHandler:
                 timeout=self.timeout,
                 check=False,
             )
-        except FileNotFoundError as exc:
-            raise CommandFailed(f"cannot run {self.argv[0]!r}: {exc.strerror}") from exc
+        except OSError as exc:  # missing, not executable, ...
+            raise CommandFailed(f"cannot run {self.argv[0]!r}: {exc.strerror or exc}") from exc
         if done.returncode != 0:
-            tail = done.stderr.decode(errors="replace")[-STDERR_TAIL:].strip()
+            tail = done.stderr.decode(errors="replace")[-TAIL:].strip()
             raise CommandFailed(f"{shlex.join(self.argv)} exited with status {done.returncode}\n{tail}".strip())
         # What the command printed is kept as the message's result (the tail, as text).
-        return done.stdout.decode(errors="replace")[-STDERR_TAIL:]
+        return done.stdout.decode(errors="replace")[-TAIL:]

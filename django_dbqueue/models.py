@@ -35,6 +35,11 @@ class Outcome(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+def _exhausted(max_attempts: int) -> Q:
+    """Leased, with no attempts left (``max_attempts``: the queue's default for messages that set none)."""
+    return Q(lease_token__isnull=False, attempts__gte=Coalesce("max_attempts", Value(max_attempts)))
+
+
 class MessageQuerySet(models.QuerySet["Message"]):
     """Querysets whose methods name the states of DESIGN.md's lifecycle.
 
@@ -65,8 +70,12 @@ class MessageQuerySet(models.QuerySet["Message"]):
         message whose lease expired on its last attempt killed (or outlived)
         its worker: the reaper dead-letters it, nobody claims it again.
         """
-        exhausted = Q(lease_token__isnull=False, attempts__gte=Coalesce("max_attempts", Value(max_attempts)))
-        return self.ready().filter(Q(expires_at__isnull=True) | Q(expires_at__gt=DbNow())).exclude(exhausted)
+        not_expired = Q(expires_at__isnull=True) | Q(expires_at__gt=DbNow())
+        return self.ready().filter(not_expired).exclude(_exhausted(max_attempts))
+
+    def poison(self, max_attempts: int) -> MessageQuerySet:
+        """Messages whose lease ran out on their last attempt: the reaper dead-letters them."""
+        return self.ready().filter(_exhausted(max_attempts))
 
     def counts_by_queue(self) -> dict[str, dict[str, int]]:
         """``{queue: {"ready": n, "scheduled": n, "in_flight": n}}`` in one query."""

@@ -20,6 +20,7 @@ import logging
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
+from django.db import connections
 from django.db.models import Q
 
 from .conf import get_settings, queue_options
@@ -54,6 +55,12 @@ class ReapReport:
         )
 
 
+def lock_name(using: str) -> str:
+    """MySQL's lock names are server-wide: name the database, so reapers of different
+    databases on one server do not skip each other's passes."""
+    return f"{LOCK_NAME}:{connections[using].settings_dict['NAME']}"[:64]
+
+
 class Reaper:
     def __init__(self, using: str = "default", batch_size: int | None = None) -> None:
         self.using = using
@@ -61,7 +68,7 @@ class Reaper:
 
     def run_once(self) -> ReapReport | None:
         """One pass; None when another reaper holds the lock."""
-        with try_lock(self.using, LOCK_NAME) as held:
+        with try_lock(self.using, lock_name(self.using)) as held:
             if not held:
                 return None
             report = ReapReport()
@@ -101,10 +108,15 @@ class Reaper:
     def dead_letter_poison(self) -> int:
         """Dead-letter messages whose lease ran out on their last attempt."""
         done = 0
-        expired_leases = Message.objects.using(self.using).filter(lease_token__isnull=False, available_at__lte=DbNow())
-        for message in expired_leases.order_by("id")[: self.batch_size]:
-            if message.attempts >= (message.max_attempts or queue_options(message.queue).max_attempts):
-                done += self._dead(message, f"lease expired on attempt {message.attempts}: the worker died running it")
+        messages = Message.objects.using(self.using)
+        queues = messages.filter(lease_token__isnull=False, available_at__lte=DbNow()).values_list("queue", flat=True)
+        for queue in sorted(set(queues)):
+            # Each queue by its own MAX_ATTEMPTS default, in SQL, so a crowd of ordinary
+            # expired leases cannot hide the poison ones from a batch.
+            poison = messages.filter(queue=queue).poison(queue_options(queue).max_attempts)
+            for message in poison.order_by("id")[: self.batch_size]:
+                reason = f"lease expired on attempt {message.attempts}: the worker died running it"
+                done += self._dead(message, reason)
         return done
 
     def _dead(self, message: Message, reason: str) -> int:

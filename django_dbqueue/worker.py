@@ -39,7 +39,7 @@ from .exceptions import DbQueueError, InvalidOption
 from .handlers import Handler
 from .models import Message, QueueState
 from .models import Worker as WorkerRow
-from .transient import backoff
+from .transient import backoff, with_retries
 from .validation import validate_queues
 from .vendor import DbNow
 
@@ -79,7 +79,10 @@ class QueueWorker:
     def __init__(self, config: WorkerConfig) -> None:
         dbq = get_settings()
         self.config = config
-        self.queues = validate_queues(config.queues or sorted({q for q, _ in handler_registry.registered()}))
+        queues = config.queues or sorted({q for q, _ in handler_registry.registered()})
+        if not queues:
+            raise InvalidOption("no queues to serve: name them, or register handlers in an app's queues.py")
+        self.queues = validate_queues(queues)
         databases = {queue_options(q).database for q in self.queues}
         if len(databases) != 1:
             raise InvalidOption(f"one worker serves queues of one database; {self.queues} use {sorted(databases)}")
@@ -90,7 +93,8 @@ class QueueWorker:
         self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.processed = 0
         self.failed = 0
-        self.stopping = threading.Event()
+        self.stopping = threading.Event()  # stop claiming
+        self.finished = threading.Event()  # every consumer is done (heartbeats go on until then)
         self.wake = threading.Event()
         self.forced = False
         self._lock = threading.Lock()
@@ -131,9 +135,13 @@ class QueueWorker:
             if not any(t.is_alive() for t in consumers):
                 self.stop("all consumer threads finished")
         status = self._shutdown(consumers)
+        self.finished.set()
         for thread in helpers:
             thread.join(timeout=5)
-        self._unregister()
+        if status == ExitStatus.OK:
+            self._unregister()
+        # Otherwise handlers are still running: the row stays, its heartbeat goes silent, and
+        # the reaper gives their messages back after WORKER_STALE_AFTER instead of a whole lease.
         connections.close_all()
         logger.info(
             "worker %s exits (%s): %d processed, %d failed", self.name, status.name, self.processed, self.failed
@@ -328,11 +336,16 @@ class QueueWorker:
     def _heartbeat(self) -> None:
         dbq = get_settings()
         last_log, last_counts = time.monotonic(), (0, 0)
-        while not self.stopping.wait(dbq.heartbeat_interval):
+        # Often enough that the shortest lease is renewed well before it runs out.
+        leases = [self.config.visibility_timeout or queue_options(q).visibility_timeout for q in self.queues]
+        interval = min(dbq.heartbeat_interval, min(leases) / 3)
+        # Beats go on through the shutdown grace: running handlers keep their leases.
+        while not self.finished.wait(interval):
             try:
                 self._beat()
-                if time.monotonic() - last_log >= dbq.log_interval:
-                    last_log, last_counts = time.monotonic(), self._log_summary(last_counts, dbq.log_interval)
+                elapsed = time.monotonic() - last_log
+                if elapsed >= dbq.log_interval:
+                    last_log, last_counts = time.monotonic(), self._log_summary(last_counts, elapsed)
             except DatabaseError as exc:
                 logger.warning("worker %s: heartbeat failed (%s)", self.name, str(exc).strip().splitlines()[0])
                 connections[self.using].close()
@@ -341,7 +354,9 @@ class QueueWorker:
     def _beat(self) -> None:
         """Say we are alive and keep the leases of everything we hold."""
         for (token, seconds), ids in self._held_leases().items():
-            Message.objects.using(self.using).filter(pk__in=ids, lease_token=token).update(available_at=DbNow(seconds))
+            # A lease that already ran out stays lost (see operations._leased).
+            live = Message.objects.using(self.using).filter(pk__in=ids, lease_token=token, available_at__gt=DbNow())
+            live.update(available_at=DbNow(seconds))
         updated = (
             WorkerRow.objects.using(self.using)
             .filter(name=self.name)
@@ -364,6 +379,14 @@ class QueueWorker:
         return self.processed, self.failed
 
     def _register(self) -> None:
+        with_retries(self.using, self._upsert_row, what="worker registration")
+
+    def _upsert_row(self) -> None:
+        # update_or_create reads, then writes: on SQLite that needs the write lock from the start.
+        with vendor.write_transaction(self.using):
+            self._update_or_create_row()
+
+    def _update_or_create_row(self) -> None:
         WorkerRow.objects.using(self.using).update_or_create(
             name=self.name,
             defaults={
@@ -399,6 +422,9 @@ class QueueWorker:
                 for queue in vendor.notifications(self.using, self.stopping.is_set):
                     if queue in queues:
                         self.wake.set()
+            except ImportError:
+                logger.warning("worker %s: LISTEN needs psycopg 3; polling instead", self.name)
+                return
             except Exception as exc:  # the database restarting, say: polling still works
                 logger.warning("worker %s: listener failed (%s); reconnecting", self.name, exc)
                 self.stopping.wait(1.0)

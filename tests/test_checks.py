@@ -56,7 +56,7 @@ def test_database_without_skip_locked_is_an_error(monkeypatch):
         pytest.skip("SQLite is allowed without SKIP LOCKED (its single-writer rule)")
     assert ids_and_messages(databases=["default"]) == []
     # The servers here all have SKIP LOCKED; play an old MySQL/MariaDB (< 8.0.1 / 10.6).
-    monkeypatch.setattr(type(connection.features), "has_select_for_update_skip_locked", False)
+    monkeypatch.setattr(connection.features, "has_select_for_update_skip_locked", False)
     found = ids_and_messages(databases=["default"])
     assert [i for i, _ in found] == ["django_dbqueue.E002"]
     assert "cannot SELECT ... FOR UPDATE SKIP LOCKED" in found[0][1]

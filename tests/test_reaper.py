@@ -9,7 +9,7 @@ from django.utils import timezone
 
 import django_dbqueue
 from django_dbqueue.models import ArchivedMessage, Message, Outcome, Worker
-from django_dbqueue.reaper import LOCK_NAME, Reaper
+from django_dbqueue.reaper import Reaper, lock_name
 from django_dbqueue.vendor import try_lock
 from tests.factories import ArchivedMessageFactory, WorkerFactory
 
@@ -85,7 +85,7 @@ def test_only_one_reaper_acts_at_a_time():
     holding, done = threading.Event(), threading.Event()
 
     def other_reaper():
-        with try_lock("default", LOCK_NAME) as held:
+        with try_lock("default", lock_name("default")) as held:
             assert held
             holding.set()
             done.wait(30)

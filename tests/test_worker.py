@@ -163,6 +163,33 @@ def test_sigterm_finishes_the_running_handler_and_releases_the_rest_at_once(tmp_
     assert ("start", rest[0], worker.pid) not in read_marks(marks)
 
 
+def test_leases_are_kept_through_the_shutdown_grace(tmp_path):
+    marks = tmp_path / "marks"
+    slow = django_dbqueue.enqueue("w-slow", {"sleep": 5})
+    worker = start_worker("w-slow", "--visibility-timeout", "1.5", marks=marks)
+    wait_for(lambda: read_marks(marks), what="the handler to start")
+    worker.send_signal(signal.SIGTERM)
+    # The 1.5 s lease would have run out three times over without the heartbeat.
+    _, err = worker.communicate(timeout=60)
+    assert worker.returncode == ExitStatus.OK, err
+    row = ArchivedMessage.objects.get(message_id=slow.pk)
+    assert row.outcome == Outcome.ACKED and row.attempts == 1
+
+
+def test_grace_running_out_leaves_the_worker_row_for_the_reaper(tmp_path):
+    marks = tmp_path / "marks"
+    slow = django_dbqueue.enqueue("w-slow", {"sleep": 60})
+    worker = start_worker("w-slow", "--grace", "1", marks=marks)
+    wait_for(lambda: read_marks(marks), what="the handler to start")
+    worker.send_signal(signal.SIGTERM)
+    worker.communicate(timeout=30)
+    assert worker.returncode == ExitStatus.ABANDONED
+    # The row stays, so the reaper releases the message once the heartbeat is stale,
+    # instead of it waiting out a whole lease.
+    assert Worker.objects.filter(pid=worker.pid).exists()
+    assert Message.objects.in_flight().get().pk == slow.pk
+
+
 def test_second_signal_exits_at_once(tmp_path):
     marks = tmp_path / "marks"
     slow = django_dbqueue.enqueue("w-slow", {"sleep": 60})

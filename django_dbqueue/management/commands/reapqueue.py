@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import DatabaseError, connections
 
 from django_dbqueue.conf import get_settings
 from django_dbqueue.reaper import Reaper
@@ -23,15 +24,20 @@ class Command(BaseCommand):
         dbq = get_settings()
         reaper = Reaper(using=options["database"] or dbq.defaults.database)
         interval = options["interval"] or dbq.reap_interval
+        if not options["loop"]:
+            report = reaper.run_once()
+            self.stdout.write("another reaper holds the lock; nothing done" if report is None else str(report))
+            return
         try:
             while True:
-                report = reaper.run_once()
-                if report is None:
-                    self.stdout.write("another reaper holds the lock; nothing done")
-                elif report.did_something or not options["loop"]:
+                try:
+                    report = reaper.run_once()
+                except DatabaseError as exc:  # an outage outlasting the retries: try again next pass
+                    self.stderr.write(f"reaper pass failed: {exc}")
+                    connections[reaper.using].close()
+                    report = None
+                if report is not None and report.did_something:
                     self.stdout.write(str(report))
-                if not options["loop"]:
-                    return
                 time.sleep(interval)
         except KeyboardInterrupt:
             return

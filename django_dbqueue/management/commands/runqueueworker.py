@@ -26,6 +26,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 class Command(BaseCommand):
     help = "Run handlers for queued messages until stopped (SIGTERM/SIGINT: graceful; a second one: at once)."
 
@@ -39,18 +46,21 @@ class Command(BaseCommand):
         parser.add_argument("--until-empty", action="store_true", help="Exit when no message is ready.")
         parser.add_argument("--max-messages", type=positive_int, help="Exit after this many messages.")
         parser.add_argument("--max-runtime", type=positive_float, help="Exit after this many seconds.")
-        parser.add_argument("--grace", type=float, help="Seconds running handlers get to finish after a signal.")
+        parser.add_argument("--grace", type=non_negative_float, help="Seconds running handlers get after a signal.")
         parser.add_argument("--exec", dest="exec_command", metavar="CMD", help="Run CMD per message, payload on stdin.")
         parser.add_argument("--reap", action="store_true", help="Also run the reaper in this process.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         handler = None
-        if options["exec_command"]:
+        if options["exec_command"] is not None:
             if not options["queues"]:
                 raise CommandError("--exec needs the queues to serve named")
             from django_dbqueue.execmode import ExecHandler
 
-            handler = ExecHandler(options["exec_command"])
+            try:
+                handler = ExecHandler(options["exec_command"])
+            except DbQueueError as exc:
+                raise CommandError(str(exc)) from exc
         if options["verbosity"] >= 2:
             logging.getLogger("django_dbqueue").setLevel(logging.DEBUG if options["verbosity"] >= 3 else logging.INFO)
         config = WorkerConfig(
@@ -71,7 +81,5 @@ class Command(BaseCommand):
             worker = QueueWorker(config)
         except DbQueueError as exc:
             raise CommandError(str(exc)) from exc
-        if not worker.queues:
-            raise CommandError("no queues to serve: name them, or register handlers in an app's queues.py")
         status = worker.run()
         sys.exit(int(status))
