@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from .conf import get_settings, queue_options
 from .handlers import Defer, Handler, Reject, Retry, find_handler
@@ -47,6 +48,7 @@ class Verdict:
 
     outcome: str
     apply: Callable[[], bool]
+    result: Any = None  # an ack's handler return value, for workers that ack in batches
 
     def record(self) -> str:
         return self.outcome if self.apply() else Outcome.LEASE_LOST
@@ -72,7 +74,7 @@ def decide(message: Message, *, worker: str = "", handler: Handler | None = None
     except Exception as exc:
         logger.debug("message %s of %s failed: %r", message.pk, message.queue, exc)
         return Verdict(Outcome.FAILED, partial(message.fail, exc))
-    return Verdict(Outcome.ACKED, partial(message.ack, worker=worker, result=result))
+    return Verdict(Outcome.ACKED, partial(message.ack, worker=worker, result=result), result)
 
 
 def process(message: Message, *, worker: str = "", handler: Handler | None = None) -> str:

@@ -16,7 +16,7 @@ import socket
 import traceback
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -345,8 +345,13 @@ def ack(message: Message, *, worker: str | None = None, result: Any = None) -> b
     return _finish(message, Outcome.ACKED, worker=worker or "", result=result)
 
 
-def ack_many(messages: Iterable[Message], *, worker: str | None = None) -> list[bool]:
-    """Acknowledge a batch in one transaction; returns, per message, whether its lease still held."""
+def ack_many(
+    messages: Iterable[Message], *, worker: str | None = None, results: Mapping[int, Any] | None = None
+) -> list[bool]:
+    """Acknowledge a batch in one transaction; returns, per message, whether its lease still held.
+
+    ``results`` maps message ids to their handlers' return values, kept in the archive.
+    """
     messages = list(messages)
     by_db: dict[str, list[Message]] = defaultdict(list)
     for message in messages:
@@ -355,12 +360,14 @@ def ack_many(messages: Iterable[Message], *, worker: str | None = None) -> list[
     owned: set[int] = set()
     for using, group in by_db.items():
         owned |= with_retries(
-            using, lambda using=using, group=group: _ack_group(group, worker or "", using), what="ack_many"
+            using,
+            lambda using=using, group=group: _ack_group(group, worker or "", results or {}, using),
+            what="ack_many",
         )
     return [message.pk in owned for message in messages]
 
 
-def _ack_group(messages: list[Message], worker: str, using: str) -> set[int]:
+def _ack_group(messages: list[Message], worker: str, results: Mapping[int, Any], using: str) -> set[int]:
     tokens: dict[str, list[int]] = defaultdict(list)
     for message in messages:
         tokens[message.lease_token].append(message.pk)
@@ -373,7 +380,7 @@ def _ack_group(messages: list[Message], worker: str, using: str) -> set[int]:
             return owned
         Message.objects.using(using).filter(pk__in=owned)._raw_delete(using)
         rows = [
-            archive_row(m, Outcome.ACKED, worker=worker)
+            archive_row(m, Outcome.ACKED, worker=worker, result=results.get(m.pk))
             for m in messages
             if m.pk in owned and queue_options(m.queue).archive
         ]

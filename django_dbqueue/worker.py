@@ -39,6 +39,7 @@ from .exceptions import DbQueueError, InvalidOption
 from .handlers import Handler
 from .models import Message, QueueState
 from .models import Worker as WorkerRow
+from .operations import ack_many
 from .transient import backoff, with_retries
 from .validation import validate_queues
 from .vendor import DbNow
@@ -100,6 +101,7 @@ class QueueWorker:
         self._lock = threading.Lock()
         self._held: dict[int, deque[Message]] = {}  # per thread: claimed, not yet started
         self._running: dict[int, Message] = {}  # per thread: the message its handler runs
+        self._acking: dict[int, list[tuple[Message, Any]]] = {}  # per thread: handled, ack not yet written
         self._paused: set[str] = set()
         self._paused_read_at = 0.0
         self._idle_threads = 0
@@ -200,8 +202,12 @@ class QueueWorker:
     def _consume(self) -> None:
         ident = threading.get_ident()
         held: deque[Message] = deque()
+        # With batches, acks are written together when the batch is done: one
+        # transaction instead of one per message. Their leases stay held until then.
+        acking: list[tuple[Message, Any]] | None = [] if self.config.batch_size > 1 else None
         with self._lock:
             self._held[ident] = held
+            self._acking[ident] = acking if acking is not None else []
         idle_for = 0.0
         try:
             while not self.stopping.is_set():
@@ -228,13 +234,15 @@ class QueueWorker:
                         message = held.popleft()
                         self._running[ident] = message
                     try:
-                        self._process(message)
+                        self._process(message, acking)
                     except Exception:  # a bug of ours must not stop the thread; the lease will expire
                         logger.exception("worker %s: could not process message %s", self.name, message.pk)
                     finally:
                         with self._lock:
                             self._running.pop(ident, None)
+                self._flush(acking)
         finally:
+            self._flush(acking)
             connections.close_all()
 
     def _claim(self) -> list[Message]:
@@ -251,7 +259,7 @@ class QueueWorker:
         return Message.objects.claim(queues, limit, visibility_timeout=self.config.visibility_timeout, worker=self.name)
 
     def _in_hand(self) -> int:
-        return sum(len(h) for h in self._held.values()) + len(self._running)
+        return sum(len(h) for h in self._held.values()) + len(self._running) + sum(map(len, self._acking.values()))
 
     def _nothing_left(self) -> bool:
         """True when this worker should stop for lack of work (--until-empty, --max-messages)."""
@@ -261,7 +269,7 @@ class QueueWorker:
         if not self.config.until_empty:
             return False
         with self._lock:
-            if self._running or any(self._held.values()):
+            if self._running or any(self._held.values()) or any(self._acking.values()):
                 return False
         return not any(
             Message.objects.using(self.using).filter(queue=q).claimable(queue_options(q).max_attempts).exists()
@@ -275,15 +283,16 @@ class QueueWorker:
             self._paused_read_at = now
         return self._paused
 
-    def _process(self, message: Message) -> None:
+    def _process(self, message: Message, acking: list[tuple[Message, Any]] | None = None) -> None:
         started = time.monotonic()
         verdict = decide(message, worker=self.name, handler=self.config.handler)
-        outcome = self._record(message, verdict)
-        with self._lock:
-            if outcome in (Outcome.ACKED, Outcome.DEFERRED):
-                self.processed += 1
-            else:
-                self.failed += 1
+        if acking is not None and verdict.outcome == Outcome.ACKED:
+            with self._lock:
+                acking.append((message, verdict.result))
+            outcome = "handled (ack with the batch)"
+        else:
+            outcome = self._record(message, verdict)
+            self._count(outcome in (Outcome.ACKED, Outcome.DEFERRED))
         logger.debug(
             "message %s (%s/%s) attempt %d: %s in %.3fs",
             message.pk,
@@ -293,6 +302,37 @@ class QueueWorker:
             outcome,
             time.monotonic() - started,
         )
+
+    def _count(self, ok: bool, number: int = 1) -> None:
+        with self._lock:
+            if ok:
+                self.processed += number
+            else:
+                self.failed += number
+
+    def _flush(self, acking: list[tuple[Message, Any]] | None) -> None:
+        """Write the batch's acks in one transaction, waiting out a database outage."""
+        if not acking:
+            return
+        with self._lock:
+            batch = list(acking)
+        messages = [message for message, _ in batch]
+        results = {message.pk: result for message, result in batch}
+        attempt = 0
+        while True:
+            try:
+                held = ack_many(messages, worker=self.name, results=results)
+                break
+            except DatabaseError as exc:
+                attempt += 1
+                self._database_trouble(f"acknowledging {len(messages)} messages", exc, attempt)
+        with self._lock:
+            del acking[: len(batch)]
+        lost = [m.pk for m, ok in zip(messages, held, strict=True) if not ok]
+        if lost:
+            logger.warning("worker %s: leases lost before the ack of messages %s", self.name, lost)
+        self._count(True, len(messages) - len(lost))
+        self._count(False, len(lost))
 
     def _record(self, message: Message, verdict: Verdict) -> str:
         """Write the handler's outcome, waiting out a database outage.
@@ -326,6 +366,7 @@ class QueueWorker:
         """What this worker holds, as {(lease token, lease seconds): [ids]}."""
         with self._lock:
             messages = [m for h in self._held.values() for m in h] + list(self._running.values())
+            messages += [m for acking in self._acking.values() for m, _ in acking]
         groups: dict[tuple[str, float], list[int]] = {}
         for message in messages:
             if message.lease_token:
