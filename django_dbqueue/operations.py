@@ -27,6 +27,7 @@ from . import validation
 from .conf import get_settings, queue_options
 from .exceptions import InvalidOption, NotClaimed, UnknownOption
 from .models import ArchivedMessage, Message, Outcome
+from .sql import archive_copies, insert_messages
 from .transient import with_retries
 from .vendor import DbNow, db_now, write_transaction
 
@@ -173,7 +174,7 @@ def _insert_many(messages: list[Message], delay: float | None, using: str) -> li
             message.available_at = message.first_available_at = now + timedelta(seconds=delay or 0)
     with write_transaction(using):
         plain = [m for m in messages if m.key is None]
-        Message.objects.using(using).bulk_create(plain, batch_size=batch)
+        insert_messages(using, plain, batch)
         for message in plain:
             message._dbqueue_created = True
         keyed = [m for m in messages if m.key is not None]
@@ -378,13 +379,9 @@ def _ack_group(messages: list[Message], worker: str, results: Mapping[int, Any],
         owned = set(Message.objects.using(using).select_for_update().filter(match).values_list("pk", flat=True))
         if not owned:
             return owned
+        archived = [m.pk for m in messages if m.pk in owned and queue_options(m.queue).archive]
+        archive_copies(using, archived, Outcome.ACKED, worker, results)
         Message.objects.using(using).filter(pk__in=owned)._raw_delete(using)
-        rows = [
-            archive_row(m, Outcome.ACKED, worker=worker, result=results.get(m.pk))
-            for m in messages
-            if m.pk in owned and queue_options(m.queue).archive
-        ]
-        ArchivedMessage.objects.using(using).bulk_create(rows, batch_size=get_settings().enqueue_batch_size)
     return owned
 
 

@@ -220,3 +220,8 @@ def notifications(using: str, stop: Callable[[], bool], timeout: float = 1.0) ->
                 yield notify.payload
             if not got:
                 yield None
+
+
+def json_param(using: str) -> str:
+    """A placeholder for a JSON text parameter stored into a JSON column from hand-written SQL."""
+    return "CAST(%s AS jsonb)" if vendor(using) == "postgresql" else "%s"

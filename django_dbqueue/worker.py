@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, connections
 
 from . import handlers as handler_registry
 from . import vendor
@@ -45,6 +45,9 @@ from .validation import validate_queues
 from .vendor import DbNow
 
 logger = logging.getLogger("django_dbqueue")
+
+
+PAUSED_REFRESH = 1.0  # seconds between reads of the paused queues (one query, not one per claim)
 
 
 class ExitStatus(enum.IntEnum):
@@ -246,7 +249,7 @@ class QueueWorker:
             connections.close_all()
 
     def _claim(self) -> list[Message]:
-        close_old_connections()
+        self._check_connection()
         queues = [q for q in self.queues if q not in self._paused_queues()]
         if not queues:
             return []
@@ -257,6 +260,19 @@ class QueueWorker:
             if limit <= 0:
                 return []
         return Message.objects.claim(queues, limit, visibility_timeout=self.config.visibility_timeout, worker=self.name)
+
+    def _check_connection(self) -> None:
+        """Keep one connection per thread for the worker's life; reopen it only when it broke.
+
+        Django's ``close_old_connections()`` would close it before every claim
+        when CONN_MAX_AGE is 0 (its default): a new connection per batch.
+        """
+        connection = connections[self.using]
+        if connection.connection is not None and connection.errors_occurred:
+            if connection.is_usable():
+                connection.errors_occurred = False
+            else:
+                connection.close()
 
     def _in_hand(self) -> int:
         return sum(len(h) for h in self._held.values()) + len(self._running) + sum(map(len, self._acking.values()))
@@ -278,7 +294,7 @@ class QueueWorker:
 
     def _paused_queues(self) -> set[str]:
         now = time.monotonic()
-        if now - self._paused_read_at > self.poll_interval:
+        if now - self._paused_read_at > PAUSED_REFRESH:
             self._paused = QueueState.objects.using(self.using).paused_names()
             self._paused_read_at = now
         return self._paused

@@ -1,0 +1,118 @@
+"""The queue protocol written directly against the database driver, without the ORM.
+
+This is the benchmark's ceiling: the same claim (``FOR UPDATE SKIP LOCKED``,
+a lease token, ``available_at`` pushed to the lease's end), the same
+acknowledgement (archive and delete, guarded by the token) and the same
+multi-row INSERT, with nothing in between. It is deliberately kept out of
+:mod:`django_dbqueue.vendor`: no production code path uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from django.db import connections
+
+NOW = {
+    "mysql": "UTC_TIMESTAMP(6)",
+    "postgresql": "STATEMENT_TIMESTAMP()",
+    "sqlite": "STRFTIME('%Y-%m-%d %H:%M:%f', 'now')",
+}
+LATER = {
+    "mysql": "UTC_TIMESTAMP(6) + INTERVAL 300 SECOND",
+    "postgresql": "STATEMENT_TIMESTAMP() + INTERVAL '300 seconds'",
+    "sqlite": "STRFTIME('%Y-%m-%d %H:%M:%f', 'now', '+300 seconds')",
+}
+ARCHIVE_COLUMNS = (
+    "message_id, queue, kind, {key}, payload, headers, priority, created_at, first_available_at, claimed_at, "
+    "finished_at, expires_at, attempts, max_attempts, outcome, finished_by, last_error, replay_of, replayed_by"
+)
+ARCHIVE_SELECT = (
+    "id, queue, kind, {key}, payload, headers, priority, created_at, first_available_at, claimed_at, "
+    "{now}, expires_at, attempts, max_attempts, 'acked', claimed_by, last_error, replay_of, ''"
+)
+
+
+class RawProtocol:
+    """One connection's worth of raw-SQL queue operations."""
+
+    def __init__(self, using: str = "default") -> None:
+        self.connection = connections[using]
+        self.connection.ensure_connection()
+        self.vendor = self.connection.vendor
+        self.raw = self.connection.connection
+        self.placeholder = "?" if self.vendor == "sqlite" else "%s"
+        self.key = "`key`" if self.vendor == "mysql" else '"key"'
+        self.now = NOW[self.vendor]
+        # Django keeps connections in autocommit mode; transactions here are explicit BEGIN/COMMIT.
+
+    def _begin(self, cursor: Any) -> None:
+        cursor.execute("BEGIN IMMEDIATE" if self.vendor == "sqlite" else "BEGIN")
+
+    def _in(self, count: int) -> str:
+        return ", ".join([self.placeholder] * count)
+
+    def insert_many(self, queue: str, payloads: list[Any], *, one_by_one: bool = False) -> None:
+        """Multi-row INSERT (or one statement per row), in one transaction."""
+        p = self.placeholder
+        row = f"({p}, {p}, {p}, 0, {self.now}, {self.now}, {self.now})"
+        head = (
+            "INSERT INTO dbqueue_message (queue, payload, headers, priority, available_at, first_available_at, "
+            "created_at) VALUES "
+        )
+        cursor = self.raw.cursor()
+        if one_by_one:
+            for payload in payloads:
+                cursor.execute(head + row, [queue, json.dumps(payload), "{}"])
+            return
+        self._begin(cursor)
+        for start in range(0, len(payloads), 500):
+            chunk = payloads[start : start + 500]
+            params: list[Any] = []
+            for payload in chunk:
+                params += [queue, json.dumps(payload), "{}"]
+            cursor.execute(head + ", ".join([row] * len(chunk)), params)
+        cursor.execute("COMMIT")
+
+    def claim(self, queue: str, limit: int, worker: str) -> tuple[str, list[int]]:
+        p = self.placeholder
+        cursor = self.raw.cursor()
+        self._begin(cursor)
+        lock = "" if self.vendor == "sqlite" else " FOR UPDATE SKIP LOCKED"
+        cursor.execute(
+            f"SELECT id FROM dbqueue_message WHERE queue = {p} AND available_at <= {self.now} "
+            f"ORDER BY priority, available_at, id LIMIT {int(limit)}{lock}",
+            [queue],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+        token = uuid.uuid4().hex
+        if ids:
+            cursor.execute(
+                f"UPDATE dbqueue_message SET lease_token = {p}, available_at = {LATER[self.vendor]}, "
+                f"claimed_at = {self.now}, claimed_by = {p}, attempts = attempts + 1 "
+                f"WHERE id IN ({self._in(len(ids))})",
+                [token, worker, *ids],
+            )
+        cursor.execute("COMMIT")
+        return token, ids
+
+    def ack(self, token: str, ids: list[int]) -> int:
+        """Archive and delete the messages still leased with ``token``."""
+        p = self.placeholder
+        cursor = self.raw.cursor()
+        self._begin(cursor)
+        match = f"FROM dbqueue_message WHERE id IN ({self._in(len(ids))}) AND lease_token = {p}"
+        cursor.execute(
+            f"INSERT INTO dbqueue_archive ({ARCHIVE_COLUMNS.format(key=self.key)}) "
+            f"SELECT {ARCHIVE_SELECT.format(key=self.key, now=self.now)} {match}",
+            [*ids, token],
+        )
+        cursor.execute(f"DELETE {match}", [*ids, token])
+        deleted = cursor.rowcount
+        cursor.execute("COMMIT")
+        return deleted
+
+    def close(self) -> None:
+        self.connection.close()

@@ -1,0 +1,307 @@
+"""The benchmark phases, each measured against the raw-SQL protocol in the same run.
+
+Rates are computed from the database's own timestamps where processes are
+involved (first claim to last finish in the archive), so process start-up
+is not counted against either side. Every phase works on queues named
+``queuebench.*`` and removes its rows before and after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, TextIO
+
+from django.conf import settings
+from django.db import connections
+from django.db.models import Max, Min
+from django.test.utils import override_settings
+
+from ..models import ArchivedMessage, Message
+from ..operations import ack_many, claim, enqueue, enqueue_many
+from ..vendor import vendor
+from .rawsql import RawProtocol
+
+PHASES = ("enqueue", "enqueue_many", "drain", "latency", "claim_latency", "memory")
+PREFIX = "queuebench."
+
+
+@dataclass
+class BenchConfig:
+    messages: int = 10_000
+    workers: int = 4
+    batch_size: int = 10
+    payload_bytes: int = 100
+    database: str = "default"
+    phases: tuple[str, ...] = PHASES
+    rate: int = 200  # offered load of the latency phase, messages per second
+    latency_seconds: float = 10.0
+    archive_rows: int = 100_000
+    scheduled: int = 10_000
+    memory_messages: int = 100_000
+
+
+@dataclass
+class Result:
+    phase: str
+    ours: float
+    unit: str
+    baseline: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.ours / self.baseline if self.baseline else None
+
+
+@contextlib.contextmanager
+def bench_queues_on(database: str) -> Iterator[None]:
+    """Route the benchmark's queues to ``database`` (children get ``--database`` too)."""
+    if database == "default":
+        yield
+        return
+    raw = dict(getattr(settings, "DBQUEUE", {}))
+    queues = dict(raw.get("QUEUES", {}))
+    for name in ("enqueue", "enqueue_many", "drain", "latency", "claim", "memory"):
+        queues[PREFIX + name] = {**queues.get(PREFIX + name, {}), "DATABASE": database}
+    with override_settings(DBQUEUE={**raw, "QUEUES": queues}):
+        yield
+
+
+def spawn(role: str, queue: str, config: BenchConfig, *extra: str) -> subprocess.Popen[bytes]:
+    """A child process running ``role`` (see :mod:`.roles`) with this process's settings."""
+    command = [sys.executable, "-m", "django", "queuebench", "--role", role, "--queue", queue]
+    command += ["--batch-size", str(config.batch_size), "--database", config.database, *extra]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", ""))
+    return subprocess.Popen(command, env=env)
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of a process, from /proc (Linux); None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+class QueueBench:
+    def __init__(self, config: BenchConfig, progress: TextIO = sys.stderr) -> None:
+        self.config = config
+        self.progress = progress
+        self.payload = {"data": "x" * max(0, config.payload_bytes - 12)}
+        self.using = config.database
+
+    def say(self, text: str) -> None:
+        self.progress.write(f"[queuebench] {text}\n")
+        self.progress.flush()
+
+    def run(self) -> list[Result]:
+        results = []
+        with bench_queues_on(self.using):
+            for phase in self.config.phases:
+                self.say(f"{phase} ...")
+                self.clean()
+                try:
+                    results += getattr(self, f"phase_{phase}")()
+                finally:
+                    self.clean()
+                self.say(f"{phase} done: {results[-1].ours:.1f} {results[-1].unit}")
+        return results
+
+    def clean(self) -> None:
+        Message.objects.using(self.using).filter(queue__startswith=PREFIX)._raw_delete(self.using)
+        ArchivedMessage.objects.using(self.using).filter(queue__startswith=PREFIX)._raw_delete(self.using)
+
+    def timed(self, action: Callable[[], Any]) -> float:
+        started = time.perf_counter()
+        action()
+        return time.perf_counter() - started
+
+    # --- phases ----------------------------------------------------------------
+
+    def phase_enqueue(self) -> list[Result]:
+        count = min(self.config.messages, 2000)
+        queue = PREFIX + "enqueue"
+        raw = RawProtocol(self.using)
+        baseline = count / self.timed(lambda: raw.insert_many(queue, [self.payload] * count, one_by_one=True))
+        self.clean()
+        ours = count / self.timed(lambda: [enqueue(queue, self.payload, using=self.using) for _ in range(count)])
+        return [Result("enqueue (one at a time)", ours, "messages/s", baseline, {"messages": count})]
+
+    def phase_enqueue_many(self) -> list[Result]:
+        count = self.config.messages
+        queue = PREFIX + "enqueue_many"
+        raw = RawProtocol(self.using)
+        baseline = count / self.timed(lambda: raw.insert_many(queue, [self.payload] * count))
+        self.clean()
+        ours = count / self.timed(lambda: enqueue_many(queue, [self.payload] * count, using=self.using))
+        return [Result("enqueue_many", ours, "messages/s", baseline, {"messages": count})]
+
+    def _drain_rate(self, role: str) -> float:
+        queue = PREFIX + "drain"
+        self.clean()
+        self.fill(queue, self.config.messages)
+        children = [spawn(role, queue, self.config) for _ in range(self.config.workers)]
+        for child in children:
+            if child.wait(timeout=3600) != 0:
+                raise RuntimeError(f"a {role} child exited with {child.returncode}")
+        archive = ArchivedMessage.objects.using(self.using).filter(queue=queue)
+        done = archive.count()
+        if done != self.config.messages:
+            raise RuntimeError(f"{role}: {done} of {self.config.messages} messages drained")
+        span = archive.aggregate(first=Min("claimed_at"), last=Max("finished_at"))
+        return done / max((span["last"] - span["first"]).total_seconds(), 1e-6)
+
+    def phase_drain(self) -> list[Result]:
+        baseline = self._drain_rate("raw-worker")
+        ours = self._drain_rate("orm-worker")
+        extra = {"messages": self.config.messages, "workers": self.config.workers, "batch_size": self.config.batch_size}
+        return [Result(f"drain ({self.config.workers} worker processes)", ours, "messages/s", baseline, extra)]
+
+    def phase_latency(self) -> list[Result]:
+        """Enqueue at a fixed rate while workers run; latency = claim time - enqueue time."""
+        queue = PREFIX + "latency"
+        runtime = str(self.config.latency_seconds + 60)
+        workers = [
+            spawn("orm-worker", queue, self.config, "--forever", "--max-runtime", runtime)
+            for _ in range(self.config.workers)
+        ]
+        time.sleep(3)  # let them start and settle into polling
+        total = int(self.config.rate * self.config.latency_seconds)
+        interval = 1 / self.config.rate
+        started = time.perf_counter()
+        for n in range(total):
+            time.sleep(max(0.0, started + n * interval - time.perf_counter()))
+            enqueue(queue, self.payload, using=self.using)
+        archive = ArchivedMessage.objects.using(self.using).filter(queue=queue)
+        deadline = time.monotonic() + 120
+        while archive.count() < total and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            worker.wait(timeout=120)
+        waits = [(c - e).total_seconds() * 1000 for e, c in archive.values_list("created_at", "claimed_at")]
+        if len(waits) != total:
+            raise RuntimeError(f"latency: {len(waits)} of {total} messages processed")
+        extra = {
+            "p50_ms": percentile(waits, 50),
+            "p95_ms": percentile(waits, 95),
+            "p99_ms": percentile(waits, 99),
+            "offered_rate": self.config.rate,
+            "messages": total,
+        }
+        return [Result(f"end-to-end latency p50 at {self.config.rate}/s", extra["p50_ms"], "ms", None, extra)]
+
+    def _claim_ack_ms(self, queue: str, rounds: int = 300) -> float:
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            [message] = claim(queue, 1, worker="queuebench")
+            message.ack()
+            times.append((time.perf_counter() - started) * 1000)
+        return statistics.median(times)
+
+    def phase_claim_latency(self) -> list[Result]:
+        queue = PREFIX + "claim"
+        self.fill(queue, 600)
+        empty = self._claim_ack_ms(queue)
+        self.say(f"claim_latency: loading {self.config.archive_rows} archive rows, {self.config.scheduled} scheduled")
+        self.fill_archive(self.config.archive_rows)
+        enqueue_many(queue, [self.payload] * self.config.scheduled, delay=86_400, using=self.using)
+        loaded = self._claim_ack_ms(queue)
+        extra = {"empty_ms": empty, "archive_rows": self.config.archive_rows, "scheduled": self.config.scheduled}
+        return [Result("claim+ack median, loaded tables", loaded, "ms", empty, extra)]
+
+    def phase_memory(self) -> list[Result]:
+        """One worker process over many messages: RSS once warm, and at the end."""
+        queue = PREFIX + "memory"
+        count = self.config.memory_messages
+        self.fill(queue, count)
+        worker = spawn("orm-worker", queue, self.config)
+        archive = ArchivedMessage.objects.using(self.using).filter(queue=queue)
+        samples: list[tuple[int, float]] = []
+        while worker.poll() is None:
+            rss = rss_mb(worker.pid)
+            if rss is not None:
+                samples.append((archive.count(), rss))
+            time.sleep(1.0)
+        warm = [rss for done, rss in samples if done >= count // 10]
+        if worker.returncode != 0 or not warm:
+            raise RuntimeError("memory: the worker failed or its memory could not be read (Linux /proc needed)")
+        extra = {"messages": count, "rss_warm_mb": warm[0], "rss_end_mb": warm[-1], "rss_max_mb": max(warm)}
+        return [Result(f"worker RSS growth over {count} messages", warm[-1] - warm[0], "MB", None, extra)]
+
+    # --- data ------------------------------------------------------------------
+
+    def fill(self, queue: str, count: int) -> None:
+        for start in range(0, count, 10_000):
+            enqueue_many(queue, [self.payload] * min(10_000, count - start), using=self.using)
+
+    def fill_archive(self, rows: int) -> None:
+        """Archived rows for the claim-latency phase: real acks as a seed, then INSERT ... SELECT doubling."""
+        seed_queue = PREFIX + "claim-history"
+        have = min(rows, 1000)
+        self.fill(seed_queue, have)
+        ack_many(claim(seed_queue, have, worker="queuebench"))
+        columns = (
+            "message_id, queue, kind, payload, headers, priority, created_at, first_available_at, claimed_at, "
+            "finished_at, attempts, outcome, finished_by, last_error, replayed_by"
+        )
+        with connections[self.using].cursor() as cursor:
+            while have < rows:
+                take = min(have, rows - have)
+                cursor.execute(
+                    f"INSERT INTO dbqueue_archive ({columns}) SELECT {columns} FROM dbqueue_archive "
+                    f"WHERE queue = %s LIMIT {int(take)}",
+                    [seed_queue],
+                )
+                have += take
+
+
+def as_table(results: list[Result], config: BenchConfig) -> str:
+    lines = [
+        f"queuebench on {vendor(config.database)} ({config.database}): {config.messages} messages, "
+        f"{config.workers} workers, batch {config.batch_size}, payload {config.payload_bytes} B",
+        "",
+        f"{'phase':<44} {'ours':>14} {'raw SQL':>14} {'ours/raw':>9}",
+    ]
+    for r in results:
+        baseline = f"{r.baseline:,.1f}" if r.baseline is not None else "-"
+        ratio = f"{r.ratio:.2f}" if r.ratio is not None else "-"
+        lines.append(f"{r.phase:<44} {r.ours:>10,.1f} {r.unit:<3} {baseline:>14} {ratio:>9}")
+        if r.phase.startswith("end-to-end"):
+            lines.append(
+                f"{'':<4}p50 {r.extra['p50_ms']:.1f} ms, p95 {r.extra['p95_ms']:.1f} ms, p99 {r.extra['p99_ms']:.1f} ms"
+            )
+        if r.phase.startswith("claim+ack"):
+            lines.append(f"{'':<4}baseline here is the same claim+ack on empty tables, not raw SQL")
+        if r.phase.startswith("worker RSS"):
+            lines.append(
+                f"{'':<4}RSS {r.extra['rss_warm_mb']:.1f} MB once warm, {r.extra['rss_end_mb']:.1f} MB at the end"
+            )
+    return "\n".join(lines)
+
+
+def as_json(results: list[Result], config: BenchConfig) -> dict[str, Any]:
+    return {
+        "config": {**asdict(config), "vendor": vendor(config.database)},
+        "results": [{**asdict(r), "ratio": r.ratio} for r in results],
+    }

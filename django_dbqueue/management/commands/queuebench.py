@@ -1,0 +1,76 @@
+"""``manage.py queuebench``: a thin parser over :class:`django_dbqueue.bench.runner.QueueBench`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_dbqueue.bench.runner import PHASES, BenchConfig, QueueBench, as_json, as_table, bench_queues_on
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+class Command(BaseCommand):
+    help = "Measure enqueue, drain, latency, claim latency and worker memory on this database, against raw SQL."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--messages", type=positive_int, default=10_000)
+        parser.add_argument("--workers", type=positive_int, default=4, help="Worker processes for drain and latency.")
+        parser.add_argument("--batch-size", type=positive_int, default=10)
+        parser.add_argument("--payload-bytes", type=positive_int, default=100)
+        parser.add_argument("--database", default="default", help="Database alias to measure.")
+        parser.add_argument("--phases", default=",".join(PHASES), help=f"Comma-separated, from: {', '.join(PHASES)}.")
+        parser.add_argument("--rate", type=positive_int, default=200, help="Offered load of the latency phase (msg/s).")
+        parser.add_argument("--latency-seconds", type=float, default=10.0)
+        parser.add_argument("--archive-rows", type=positive_int, default=100_000)
+        parser.add_argument("--scheduled", type=positive_int, default=10_000)
+        parser.add_argument("--memory-messages", type=positive_int, default=100_000)
+        parser.add_argument("--json", action="store_true", help="Print the results as JSON.")
+        # Internal: what the benchmark's own child processes run.
+        parser.add_argument("--role", choices=["orm-worker", "raw-worker"], help="(internal)")
+        parser.add_argument("--queue", help="(internal)")
+        parser.add_argument("--forever", action="store_true", help="(internal)")
+        parser.add_argument("--max-runtime", type=float, help="(internal)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from django.conf import settings
+
+        if options["database"] not in settings.DATABASES:
+            raise CommandError(f"--database {options['database']!r} is not in DATABASES")
+        if options["role"]:
+            from django_dbqueue.bench.roles import ROLES
+
+            with bench_queues_on(options["database"]):
+                ROLES[options["role"]](
+                    options["queue"], options["batch_size"], not options["forever"], options["max_runtime"]
+                )
+            return
+        phases = tuple(p.strip() for p in options["phases"].split(",") if p.strip())
+        unknown = set(phases) - set(PHASES)
+        if unknown:
+            raise CommandError(f"unknown phase(s) {', '.join(sorted(unknown))}; known: {', '.join(PHASES)}")
+        config = BenchConfig(
+            messages=options["messages"],
+            workers=options["workers"],
+            batch_size=options["batch_size"],
+            payload_bytes=options["payload_bytes"],
+            database=options["database"],
+            phases=phases,
+            rate=options["rate"],
+            latency_seconds=options["latency_seconds"],
+            archive_rows=options["archive_rows"],
+            scheduled=options["scheduled"],
+            memory_messages=options["memory_messages"],
+        )
+        results = QueueBench(config, progress=self.stderr).run()
+        if options["json"]:
+            self.stdout.write(json.dumps(as_json(results, config), indent=2, default=str))
+        else:
+            self.stdout.write(as_table(results, config))
