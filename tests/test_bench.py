@@ -1,0 +1,53 @@
+"""queuebench runs every phase end to end (tiny sizes: this checks it works, not how fast)."""
+
+import json
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+from django_dbqueue.models import ArchivedMessage, Message
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def test_every_phase_runs_and_reports(monkeypatch, capsys):
+    # The benchmark's worker processes must reach this test database.
+    monkeypatch.setenv("DBQUEUE_TEST_DATABASE_NAME", str(connection.settings_dict["NAME"]))
+    call_command(
+        "queuebench",
+        "--messages=300",
+        "--workers=2",
+        "--batch-size=5",
+        "--rate=50",
+        "--latency-seconds=1",
+        "--archive-rows=3000",
+        "--scheduled=200",
+        "--memory-messages=2000",
+        "--json",
+    )
+    report = json.loads(capsys.readouterr().out)
+    phases = {r["phase"].split(" (")[0].split(" p50")[0]: r for r in report["results"]}
+    assert set(phases) == {
+        "enqueue",
+        "enqueue_many",
+        "drain",
+        "end-to-end latency",
+        "claim+ack median, loaded tables",
+        "worker RSS growth over 2000 messages",
+    }
+    for name in ("enqueue", "enqueue_many", "drain"):
+        assert phases[name]["ours"] > 0 and phases[name]["baseline"] > 0 and phases[name]["ratio"] > 0
+    latency = phases["end-to-end latency"]["extra"]
+    assert 0 <= latency["p50_ms"] <= latency["p95_ms"] <= latency["p99_ms"]
+    assert phases["worker RSS growth over 2000 messages"]["extra"]["rss_end_mb"] > 0
+    assert report["config"]["vendor"] == connection.vendor
+    # It cleans up after itself.
+    assert not Message.objects.filter(queue__startswith="queuebench.").exists()
+    assert not ArchivedMessage.objects.filter(queue__startswith="queuebench.").exists()
+
+
+def test_unknown_phase_is_refused():
+    with pytest.raises(CommandError, match="unknown phase"):
+        call_command("queuebench", "--phases=drain,warp")
