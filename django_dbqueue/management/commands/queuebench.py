@@ -8,13 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_dbqueue.bench.runner import PHASES, BenchConfig, QueueBench, as_json, as_table, bench_queues_on
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
+from django_dbqueue.management.arguments import positive_int
 
 
 class Command(BaseCommand):

@@ -9,28 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_dbqueue.exceptions import DbQueueError
+from django_dbqueue.management.arguments import non_negative_float, positive_float, positive_int
 from django_dbqueue.worker import QueueWorker, WorkerConfig
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise ValueError(text)
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
 
 
 class Command(BaseCommand):
