@@ -246,7 +246,15 @@ class QueueBench:
         warm = [rss for done, rss in samples if done >= count // 10]
         if worker.returncode != 0 or not warm:
             raise RuntimeError("memory: the worker failed or its memory could not be read (Linux /proc needed)")
-        extra = {"messages": count, "rss_warm_mb": warm[0], "rss_end_mb": warm[-1], "rss_max_mb": max(warm)}
+        # RSS after each tenth of the messages, to show the curve (flat or growing).
+        curve = [next((rss for done, rss in samples if done >= count * k // 10), warm[-1]) for k in range(1, 11)]
+        extra = {
+            "messages": count,
+            "rss_warm_mb": warm[0],
+            "rss_end_mb": warm[-1],
+            "rss_max_mb": max(warm),
+            "rss_by_tenth_mb": [round(r, 1) for r in curve],
+        }
         return [Result(f"worker RSS growth over {count} messages", warm[-1] - warm[0], "MB", None, extra)]
 
     # --- data ------------------------------------------------------------------
