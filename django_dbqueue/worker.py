@@ -24,7 +24,6 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -100,14 +99,14 @@ class QueueWorker:
         self.stopping = threading.Event()  # stop claiming
         self.finished = threading.Event()  # every consumer is done (heartbeats go on until then)
         self.wake = threading.Event()
-        self.forced = False
+        self._signalled = False
+        self._previous_handlers: dict[int, Any] = {}
         self._lock = threading.Lock()
         self._held: dict[int, deque[Message]] = {}  # per thread: claimed, not yet started
         self._running: dict[int, Message] = {}  # per thread: the message its handler runs
         self._acking: dict[int, list[tuple[Message, Any]]] = {}  # per thread: handled, ack not yet written
         self._paused: set[str] = set()
         self._paused_read_at = 0.0
-        self._idle_threads = 0
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -148,6 +147,8 @@ class QueueWorker:
         # Otherwise handlers are still running: the row stays, its heartbeat goes silent, and
         # the reaper gives their messages back after WORKER_STALE_AFTER instead of a whole lease.
         connections.close_all()
+        for signum, previous in self._previous_handlers.items():
+            signal.signal(signum, previous)
         logger.info(
             "worker %s exits (%s): %d processed, %d failed", self.name, status.name, self.processed, self.failed
         )
@@ -164,15 +165,16 @@ class QueueWorker:
             return  # tests run workers in threads; signals only reach the main thread
 
         def on_signal(signum: int, frame: Any) -> None:
-            if self.stopping.is_set():
+            if self._signalled:
                 logger.warning("worker %s: second signal, exiting at once", self.name)
                 os._exit(ExitStatus.FORCED)
+            self._signalled = True
             self.stop(f"got {signal.Signals(signum).name}")
             # Claimed but unstarted messages go back now, not after the grace.
             threading.Thread(target=self._release_held, name="dbqueue-release", daemon=True).start()
 
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous_handlers[signum] = signal.signal(signum, on_signal)
 
     def _shutdown(self, consumers: list[threading.Thread]) -> ExitStatus:
         self._release_held()
@@ -500,10 +502,3 @@ class QueueWorker:
                 logger.warning("worker %s: reaper failed (%s)", self.name, exc)
                 connections[self.using].close()
         connections.close_all()
-
-
-def run_worker(config: WorkerConfig, *, on_ready: Callable[[QueueWorker], None] | None = None) -> ExitStatus:
-    worker = QueueWorker(config)
-    if on_ready:
-        on_ready(worker)
-    return worker.run()
