@@ -51,3 +51,13 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
 def test_unknown_phase_is_refused():
     with pytest.raises(CommandError, match="unknown phase"):
         call_command("queuebench", "--phases=drain,warp")
+
+
+def test_repeat_reports_medians_of_the_runs(capsys):
+    call_command("queuebench", "--phases=enqueue,enqueue_many", "--messages=50", "--repeat=3", "--json")
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert [r["runs"] for r in results] == [3, 3]
+    for result in results:
+        runs = result["extra"]["runs"]
+        assert len(runs) == 3 and result["baseline"] > 0
+        assert min(r["messages"] for r in runs) == result["extra"]["messages"] == 50

@@ -46,6 +46,7 @@ class BenchConfig:
     archive_rows: int = 100_000
     scheduled: int = 10_000
     memory_messages: int = 100_000
+    repeat: int = 1
 
 
 @dataclass
@@ -56,9 +57,38 @@ class Result:
     baseline: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    runs: int = 1
+    ratio_median: float | None = None
+
     @property
     def ratio(self) -> float | None:
+        if self.ratio_median is not None:
+            return self.ratio_median
         return self.ours / self.baseline if self.baseline else None
+
+
+def median_result(results: list[Result]) -> Result:
+    """One result from several runs of a phase: medians, with every run's extras kept."""
+    first = results[0]
+    if len(results) == 1:
+        return first
+    baselines = [r.baseline for r in results if r.baseline is not None]
+    ratios = [r.ratio for r in results if r.ratio is not None]
+    extra = {
+        key: statistics.median(r.extra[key] for r in results)
+        for key, value in first.extra.items()
+        if isinstance(value, int | float)
+    }
+    extra["runs"] = [r.extra for r in results]
+    return Result(
+        first.phase,
+        statistics.median(r.ours for r in results),
+        first.unit,
+        statistics.median(baselines) if baselines else None,
+        extra,
+        runs=len(results),
+        ratio_median=statistics.median(ratios) if ratios else None,
+    )
 
 
 @contextlib.contextmanager
@@ -113,17 +143,20 @@ class QueueBench:
         self.progress.flush()
 
     def run(self) -> list[Result]:
-        results = []
+        """Every phase ``repeat`` times; each figure is the median of the runs (ratios: of per-run ratios)."""
+        runs: dict[str, list[Result]] = {}
         with bench_queues_on(self.using):
-            for phase in self.config.phases:
-                self.say(f"{phase} ...")
-                self.clean()
-                try:
-                    results += getattr(self, f"phase_{phase}")()
-                finally:
+            for number in range(1, self.config.repeat + 1):
+                for phase in self.config.phases:
+                    self.say(f"{phase} (run {number} of {self.config.repeat}) ...")
                     self.clean()
-                self.say(f"{phase} done: {results[-1].ours:.1f} {results[-1].unit}")
-        return results
+                    try:
+                        for result in getattr(self, f"phase_{phase}")():
+                            runs.setdefault(result.phase, []).append(result)
+                            self.say(f"{result.phase}: {result.ours:,.1f} {result.unit}")
+                    finally:
+                        self.clean()
+        return [median_result(results) for results in runs.values()]
 
     def clean(self) -> None:
         Message.objects.using(self.using).filter(queue__startswith=PREFIX)._raw_delete(self.using)
@@ -287,7 +320,8 @@ class QueueBench:
 def as_table(results: list[Result], config: BenchConfig) -> str:
     lines = [
         f"queuebench on {vendor(config.database)} ({config.database}): {config.messages} messages, "
-        f"{config.workers} workers, batch {config.batch_size}, payload {config.payload_bytes} B",
+        f"{config.workers} workers, batch {config.batch_size}, payload {config.payload_bytes} B"
+        + (f"; medians of {config.repeat} runs" if config.repeat > 1 else ""),
         "",
         f"{'phase':<44} {'ours':>14} {'raw SQL':>14} {'ours/raw':>9}",
     ]

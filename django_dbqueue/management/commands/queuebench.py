@@ -26,6 +26,7 @@ class Command(BaseCommand):
         parser.add_argument("--archive-rows", type=positive_int, default=100_000)
         parser.add_argument("--scheduled", type=positive_int, default=10_000)
         parser.add_argument("--memory-messages", type=positive_int, default=100_000)
+        parser.add_argument("--repeat", type=positive_int, default=1, help="Runs of every phase; medians reported.")
         parser.add_argument("--json", action="store_true", help="Print the results as JSON.")
         # Internal: what the benchmark's own child processes run.
         parser.add_argument("--role", choices=["orm-worker", "raw-worker"], help="(internal)")
@@ -62,6 +63,7 @@ class Command(BaseCommand):
             archive_rows=options["archive_rows"],
             scheduled=options["scheduled"],
             memory_messages=options["memory_messages"],
+            repeat=options["repeat"],
         )
         results = QueueBench(config, progress=self.stderr).run()
         if options["json"]:
