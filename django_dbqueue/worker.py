@@ -364,6 +364,12 @@ class QueueWorker:
         return self.processed, self.failed
 
     def _register(self) -> None:
+        # update_or_create reads, then writes: on SQLite take the write lock first, or a
+        # concurrent writer makes the upgrade fail at once with "database is locked".
+        with vendor.write_transaction(self.using):
+            self._upsert_row()
+
+    def _upsert_row(self) -> None:
         WorkerRow.objects.using(self.using).update_or_create(
             name=self.name,
             defaults={
