@@ -13,7 +13,7 @@ from django_dbqueue.exceptions import InvalidOption, RequestFailed, RequestTimeo
 from django_dbqueue.models import ArchivedMessage, Message, Outcome
 from django_dbqueue.reaper import Reaper
 from django_dbqueue.worker import ExitStatus
-from tests.processes import start_worker
+from tests.processes import start_worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,7 +32,8 @@ def test_round_trip_across_two_processes(answering_worker):
     answers = [django_dbqueue.request("rr-echo", {"n": n}, timeout=60) for n in range(3)]
     assert [a["echo"] for a in answers] == [{"n": 0}, {"n": 1}, {"n": 2}]
     assert {a["pid"] for a in answers} == {answering_worker.pid}  # answered by the other process
-    # Requests are acked with the handler's result; no reply message is left behind.
+    # Requests are acked with the handler's result (the ack follows the reply); no reply is left behind.
+    wait_for(lambda: ArchivedMessage.objects.filter(queue="rr-echo").count() == 3, what="the last request's ack")
     rows = ArchivedMessage.objects.filter(queue="rr-echo").order_by("message_id")
     assert [(r.outcome, r.result) for r in rows] == [(Outcome.ACKED, "answered")] * 3
     correlation_ids = {r.headers["correlation_id"] for r in rows}
