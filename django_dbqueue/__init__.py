@@ -21,6 +21,17 @@ _EXPORTS = {
     "Reject": "handlers",
     "Retry": "handlers",
     "Defer": "handlers",
+    "publish": "topics",
+    "subscribers": "topics",
+    "subscribe": "topics",
+    "unsubscribe": "topics",
+    "request": "request_reply",
+    "reply": "request_reply",
+    "enqueue_on_save": "outbox",
+    "enqueue_on_delete": "outbox",
+    "publish_on_save": "outbox",
+    "publish_on_delete": "outbox",
+    "enqueue_saved": "outbox",
     "replay": "control",
     "cancel": "control",
     "DbQueueError": "exceptions",
@@ -34,6 +45,8 @@ _EXPORTS = {
     "NotClaimed": "exceptions",
     "ImproperlyConfiguredQueue": "exceptions",
     "CommandFailed": "exceptions",
+    "RequestTimeout": "exceptions",
+    "RequestFailed": "exceptions",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -8,7 +8,13 @@ class DbQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.apps import apps
+
         from . import checks  # noqa: F401  (registers the system checks)
         from .handlers import autodiscover
 
+        if apps.is_installed("django.contrib.admin"):
+            from .admin_topics import register
+
+            register()
         autodiscover()

@@ -75,6 +75,25 @@ def _alias(value: Any) -> str | None:
     return None
 
 
+def _topics(value: Any) -> str | None:
+    """``{"topic": ["queue", ...]}``: each topic's subscriber queues."""
+    from .validation import queue_name_problem
+
+    if not isinstance(value, dict):
+        return f'must be a dict of topic name to a list of queue names, like {{"orders": ["email"]}}, not {value!r}'
+    for topic, queues in value.items():
+        if (why := queue_name_problem(topic, "topic")) is not None:
+            return f"has a bad topic name: {why}"
+        if not isinstance(queues, list | tuple):
+            return f"topic {topic!r} must have a list of queue names, not {type(queues).__name__}"
+        for queue in queues:
+            if (why := queue_name_problem(queue)) is not None:
+                return f"topic {topic!r} has a bad queue name: {why}"
+        if len(set(queues)) != len(queues):
+            return f"topic {topic!r} names a queue twice: {list(queues)!r}"
+    return None
+
+
 # Keys that may be set globally and overridden per queue: (default, validator).
 QUEUE_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     "DATABASE": ("default", _alias),
@@ -103,6 +122,8 @@ GLOBAL_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     "LOG_INTERVAL": (60.0, _number(1)),
     "REAP_INTERVAL": (2.0, _number(0.1)),
     "REAP_BATCH_SIZE": (1000, _integer(1)),
+    # Topics and the queues subscribed to them, beside the Subscription table.
+    "TOPICS": ({}, _topics),
 }
 
 
@@ -135,6 +156,7 @@ class DbQueueSettings:
     log_interval: float
     reap_interval: float
     reap_batch_size: int
+    topics: dict[str, list[str]]
     defaults: QueueOptions
     queues: dict[str, QueueOptions] = field(default_factory=dict)
 
@@ -202,8 +224,10 @@ def get_settings() -> DbQueueSettings:
     if problems:
         raise ImproperlyConfiguredQueue("; ".join(problems))
     merged = {key: raw.get(key, default) for key, (default, _) in QUEUE_KEYS.items()}
+    global_values = {key.lower(): raw.get(key, default) for key, (default, _) in GLOBAL_KEYS.items()}
+    global_values["topics"] = {topic: list(queues) for topic, queues in global_values["topics"].items()}
     return DbQueueSettings(
-        **{key.lower(): raw.get(key, default) for key, (default, _) in GLOBAL_KEYS.items()},
+        **global_values,
         defaults=_queue_options(merged),
         queues={name: _queue_options({**merged, **options}) for name, options in raw.get("QUEUES", {}).items()},
     )

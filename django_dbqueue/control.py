@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import validation
+from . import signals, validation
 from .exceptions import AlreadyReplayed, DuplicateKey, InvalidOption
 from .models import ArchivedMessage, Message, Outcome, QueueState
 from .operations import _finish, build_message, insert_message
@@ -66,7 +66,12 @@ def replay(archived: ArchivedMessage, *, by: str = "", payload: Any = None, forc
             archived.replayed_by, archived.replayed_as = by, message.pk
             return message
 
-    return with_retries(using, run, what=f"replay of archived message {archived.pk}")
+    message = with_retries(using, run, what=f"replay of archived message {archived.pk}")
+    if signals.listened(signals.message_replayed):
+        archived.refresh_from_db(using=using)
+        event = {"message": message, "queue": message.queue, "archived": archived, "by": by}
+        signals.send(signals.message_replayed, using, [event])
+    return message
 
 
 def cancel(message: Message, *, by: str = "") -> bool:

@@ -53,3 +53,11 @@ class AlreadyReplayed(DbQueueError):
 
 class CommandFailed(DbQueueError):
     """An exec-mode command (``runqueueworker --exec``) exited with a non-zero status."""
+
+
+class RequestTimeout(DbQueueError, TimeoutError):
+    """``request()`` got no reply within its timeout."""
+
+
+class RequestFailed(DbQueueError):
+    """``request()``'s message was dead-lettered, cancelled or expired without a reply."""

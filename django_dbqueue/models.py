@@ -332,6 +332,20 @@ class Subscription(models.Model):
     def __str__(self) -> str:
         return f"{self.topic} -> {self.queue}"
 
+    def clean(self) -> None:
+        """Names follow the queue-name rules (the admin's form shows these errors)."""
+        from django.core.exceptions import ValidationError
+
+        from .validation import queue_name_problem
+
+        errors = {}
+        if (why := queue_name_problem(self.topic, "topic")) is not None:
+            errors["topic"] = why
+        if (why := queue_name_problem(self.queue)) is not None:
+            errors["queue"] = why
+        if errors:
+            raise ValidationError(errors)
+
 
 class QueueStat(models.Model):
     """Queue analytics per queue, kind and hour, written by ``manage.py queueanalytics``.

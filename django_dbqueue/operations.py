@@ -23,7 +23,7 @@ from typing import Any
 from django.db import IntegrityError
 from django.db.models import F, Q
 
-from . import validation
+from . import signals, validation
 from .conf import get_settings, queue_options
 from .exceptions import InvalidOption, NotClaimed, UnknownOption
 from .models import ArchivedMessage, Message, Outcome
@@ -87,7 +87,17 @@ def enqueue(queue: str, payload: Any, **options: Any) -> Message:
     Inside the caller's transaction, the message commits or rolls back with it.
     """
     message, delay = build_message(queue, payload, options)
-    return insert_message(message, delay, _database(queue, options.get("using")))
+    using = _database(queue, options.get("using"))
+    insert_message(message, delay, using)
+    announce_enqueued([message], using)
+    return message
+
+
+def announce_enqueued(messages: list[Message], using: str) -> None:
+    """Send ``message_enqueued`` for each message this call inserted (after commit)."""
+    if signals.listened(signals.message_enqueued):
+        events = [{"message": m, "queue": m.queue} for m in messages if m.was_created]
+        signals.send(signals.message_enqueued, using, events)
 
 
 def insert_message(message: Message, delay: float | None, using: str) -> Message:
@@ -162,16 +172,31 @@ def enqueue_many(queue: str, payloads: Iterable[Any], **options: Any) -> list[Me
         messages.append(message)
     if not messages:
         return []
-    return with_retries(using, lambda: _insert_many(messages, delay, using), what="enqueue_many")
+    result = insert_many([(message, delay) for message in messages], using)
+    announce_enqueued(result, using)
+    return result
 
 
-def _insert_many(messages: list[Message], delay: float | None, using: str) -> list[Message]:
+def insert_many(pending: list[tuple[Message, float | None]], using: str) -> list[Message]:
+    """Insert built messages (with their delays), keyed or not, of one or more queues.
+
+    One transaction, multi-row inserts, retried on the database's weather.
+    Returns, in order, each message or, where its key was live, the live one.
+    """
+    if len(pending) == 1:  # one INSERT that returns its id on every database
+        return [insert_message(*pending[0], using)]
+    return with_retries(using, lambda: _insert_many(pending, using), what="enqueue_many")
+
+
+def _insert_many(pending: list[tuple[Message, float | None]], using: str) -> list[Message]:
     batch = get_settings().enqueue_batch_size
     now = db_now(using)
-    for message in messages:
+    messages = []
+    for message, delay in pending:
         message.created_at = now
         if message.available_at is None:
             message.available_at = message.first_available_at = now + timedelta(seconds=delay or 0)
+        messages.append(message)
     with write_transaction(using):
         plain = [m for m in messages if m.key is None]
         insert_messages(using, plain, batch)
@@ -182,16 +207,20 @@ def _insert_many(messages: list[Message], delay: float | None, using: str) -> li
             return messages
         Message.objects.using(using).bulk_create(keyed, batch_size=batch, ignore_conflicts=True)
         live = {}
-        keys = sorted({m.key for m in keyed})
-        for start in range(0, len(keys), batch):
-            for row in Message.objects.using(using).filter(queue=keyed[0].queue, key__in=keys[start : start + batch]):
-                live[row.key] = row
+        by_queue: dict[str, set[str]] = defaultdict(set)
+        for message in keyed:
+            by_queue[message.queue].add(message.key)
+        for queue, key_set in sorted(by_queue.items()):
+            keys = sorted(key_set)
+            for start in range(0, len(keys), batch):
+                for row in Message.objects.using(using).filter(queue=queue, key__in=keys[start : start + batch]):
+                    live[(queue, row.key)] = row
         result = []
         for message in messages:
             if message.key is None:
                 result.append(message)
                 continue
-            row = live[message.key]
+            row = live[(message.queue, message.key)]
             # Ours if the row carries this call's enqueue time and payload.
             row._dbqueue_created = row.created_at == now and row.payload == message.payload
             result.append(row)
@@ -230,7 +259,11 @@ def claim(
         )
     using = databases.pop()
     worker = worker or default_worker_name()
-    return with_retries(using, lambda: _claim(names, limit, timeout, worker, using), what="claim")
+    claimed = with_retries(using, lambda: _claim(names, limit, timeout, worker, using), what="claim")
+    if claimed and signals.listened(signals.message_claimed):
+        events = [{"message": m, "queue": m.queue, "worker": worker} for m in claimed]
+        signals.send(signals.message_claimed, using, events)
+    return claimed
 
 
 def _claim(names: list[str], limit: int, timeout: float | None, worker: str, using: str) -> list[Message]:
@@ -325,17 +358,51 @@ def _finish(message: Message, outcome: str, *, leased: Any = None, **row: Any) -
     """
     leased = _leased(message) if leased is None else leased
     using = message._state.db
+    archived: list[ArchivedMessage] = []
 
     def run() -> bool:
+        archived.clear()
         with write_transaction(using):
             # _raw_delete: one DELETE, no collector SELECT (nothing cascades from messages).
             if leased._raw_delete(using) != 1:
                 return False
             if outcome != Outcome.ACKED or queue_options(message.queue).archive:
-                archive_row(message, outcome, **row).save(using=using, force_insert=True)
+                archived.append(archive_row(message, outcome, **row))
+                archived[0].save(using=using, force_insert=True)
             return True
 
-    return with_retries(using, run, what=f"{outcome} message {message.pk}")
+    done = with_retries(using, run, what=f"{outcome} message {message.pk}")
+    if done:
+        _announce_finished(message, outcome, archived[0] if archived else None, using, row)
+    return done
+
+
+FINISH_SIGNALS = {
+    Outcome.ACKED: signals.message_acked,
+    Outcome.DEAD: signals.message_dead_lettered,
+    Outcome.EXPIRED: signals.message_expired,
+    Outcome.CANCELLED: signals.message_cancelled,
+}
+
+
+def _announce_finished(
+    message: Message, outcome: str, archived: ArchivedMessage | None, using: str, row: dict[str, Any]
+) -> None:
+    signal = FINISH_SIGNALS[outcome]
+    if not signals.listened(signal):
+        return
+    event: dict[str, Any] = {
+        "message": message,
+        "queue": message.queue,
+        "archived": signals.settle([archived], using)[0] if archived else None,
+    }
+    if outcome == Outcome.ACKED:
+        event.update(result=row.get("result"), worker=row.get("worker") or message.claimed_by)
+    elif outcome == Outcome.DEAD:
+        event["error"] = message.last_error if row.get("error") is None else row["error"]
+    elif outcome == Outcome.CANCELLED:
+        event["by"] = row.get("worker", "")
+    signals.send(signal, using, [event])
 
 
 def ack(message: Message, *, worker: str | None = None, result: Any = None) -> bool:
@@ -360,11 +427,28 @@ def ack_many(
         by_db[message._state.db].append(message)
     owned: set[int] = set()
     for using, group in by_db.items():
-        owned |= with_retries(
+        acked = with_retries(
             using,
             lambda using=using, group=group: _ack_group(group, worker or "", results or {}, using),
             what="ack_many",
         )
+        owned |= acked
+        if acked and signals.listened(signals.message_acked):
+            # The rows were copied inside the database: read them back, only for listeners.
+            stored = ArchivedMessage.objects.using(using).filter(message_id__in=acked, outcome=Outcome.ACKED)
+            rows_by_id = {row.message_id: row for row in stored.order_by("id")}
+            events = [
+                {
+                    "message": m,
+                    "queue": m.queue,
+                    "archived": rows_by_id.get(m.pk),
+                    "result": (results or {}).get(m.pk),
+                    "worker": worker or m.claimed_by,
+                }
+                for m in group
+                if m.pk in acked
+            ]
+            signals.send(signals.message_acked, using, events)
     return [message.pk in owned for message in messages]
 
 
@@ -410,6 +494,7 @@ def fail(message: Message, error: BaseException | str, *, retry: bool = True) ->
         if _update_leased(message, "fail", lease_token=None, available_at=DbNow(delay), last_error=text):
             message.lease_token = None
             message.last_error = text
+            _announce_failed(message, text, delay)
             return True
         return False
     message.last_error = text
@@ -424,7 +509,16 @@ def reject(message: Message, *, requeue: bool = True, delay: float | timedelta |
     changes: dict[str, Any] = {"lease_token": None, "available_at": DbNow(seconds)}
     if reason:
         changes["last_error"] = reason
-    return _update_leased(message, "reject", **changes)
+    done = _update_leased(message, "reject", **changes)
+    if done:
+        _announce_failed(message, reason or message.last_error, seconds)
+    return done
+
+
+def _announce_failed(message: Message, error: str, delay: float) -> None:
+    if signals.listened(signals.message_failed):
+        event = {"message": message, "queue": message.queue, "error": error, "delay": delay}
+        signals.send(signals.message_failed, message._state.db, [event])
 
 
 def defer(message: Message, *, until: datetime | None = None, delay: float | timedelta | None = None) -> bool:

@@ -23,6 +23,7 @@ from datetime import timedelta
 from django.db import connections
 from django.db.models import Q
 
+from . import signals
 from .conf import get_settings, queue_options
 from .models import ArchivedMessage, Message, Outcome, Worker
 from .operations import archive_row
@@ -131,12 +132,18 @@ class Reaper:
         """Archive, as expired, messages past ``expires_at`` that no worker holds."""
         total = 0
         while True:
-            count = with_retries(self.using, self._expire_batch, what="expiry")
-            total += count
-            if count < self.batch_size:
+            messages, rows = with_retries(self.using, self._expire_batch, what="expiry")
+            total += len(messages)
+            if messages and signals.listened(signals.message_expired):
+                archived = signals.settle(rows, self.using)
+                events = [
+                    {"message": m, "queue": m.queue, "archived": a} for m, a in zip(messages, archived, strict=True)
+                ]
+                signals.send(signals.message_expired, self.using, events)
+            if len(messages) < self.batch_size:
                 return total
 
-    def _expire_batch(self) -> int:
+    def _expire_batch(self) -> tuple[list[Message], list[ArchivedMessage]]:
         with write_transaction(self.using):
             rows = list(
                 Message.objects.using(self.using)
@@ -146,12 +153,11 @@ class Reaper:
                 .order_by("expires_at")[: self.batch_size]
             )
             if not rows:
-                return 0
+                return [], []
             Message.objects.using(self.using).filter(pk__in=[m.pk for m in rows])._raw_delete(self.using)
-            ArchivedMessage.objects.using(self.using).bulk_create(
-                [archive_row(m, Outcome.EXPIRED, worker="reaper", error=m.last_error) for m in rows]
-            )
-            return len(rows)
+            archived = [archive_row(m, Outcome.EXPIRED, worker="reaper", error=m.last_error) for m in rows]
+            ArchivedMessage.objects.using(self.using).bulk_create(archived)
+            return rows, archived
 
     def prune(self) -> int:
         """Delete archive rows past their queue's retention, a batch at a time."""

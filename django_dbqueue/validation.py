@@ -20,16 +20,17 @@ PRIORITY_RANGE = range(-32768, 32768)
 JSON_SCALARS = (str, int, float, bool, type(None))
 
 
-def queue_name_problem(name: Any) -> str | None:
+def queue_name_problem(name: Any, what: str = "queue") -> str | None:
+    """Why ``name`` is not a valid queue name (``what="topic"``: topic name), or None."""
     if not isinstance(name, str):
-        return f"a queue name must be a string, not {type(name).__name__}"
+        return f"a {what} name must be a string, not {type(name).__name__}"
     if not name:
-        return "a queue name must not be empty"
+        return f"a {what} name must not be empty"
     if len(name) > QUEUE_NAME_MAX_LENGTH:
-        return f"queue name {name[:20]!r}... is {len(name)} characters; the limit is {QUEUE_NAME_MAX_LENGTH}"
+        return f"{what} name {name[:20]!r}... is {len(name)} characters; the limit is {QUEUE_NAME_MAX_LENGTH}"
     if not QUEUE_NAME_RE.fullmatch(name):
         return (
-            f"queue name {name!r} may only hold letters, digits and '_', '.', ':', '-', "
+            f"{what} name {name!r} may only hold letters, digits and '_', '.', ':', '-', "
             "and must start with a letter or digit"
         )
     return None
@@ -37,6 +38,13 @@ def queue_name_problem(name: Any) -> str | None:
 
 def validate_queue_name(name: Any) -> str:
     if (why := queue_name_problem(name)) is not None:
+        raise InvalidQueueName(why)
+    return name
+
+
+def validate_topic_name(name: Any) -> str:
+    """Topic names follow the rules of queue names."""
+    if (why := queue_name_problem(name, "topic")) is not None:
         raise InvalidQueueName(why)
     return name
 

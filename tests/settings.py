@@ -35,7 +35,12 @@ child_database = os.environ.get("DBQUEUE_TEST_DATABASE_NAME")
 if child_database:
     default["NAME"] = child_database
 
-DATABASES = {"default": default}
+# A second alias for the same database, on its own connection: a queue that
+# lives "on another database" as far as transactions go (tests of the outbox
+# and of topics across databases).
+queues = {**default, "TEST": {"MIRROR": "default"}}
+
+DATABASES = {"default": default, "queues": queues}
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
@@ -82,7 +87,9 @@ DBQUEUE = {
     "QUEUES": {
         "no-archive": {"ARCHIVE": False},
         "short": {"VISIBILITY_TIMEOUT": 1, "MAX_ATTEMPTS": 2},
+        "elsewhere": {"DATABASE": "queues"},
     },
+    "TOPICS": {"t-orders": ["t-email", "t-invoicing"]},
 }
 
 LOGGING = {

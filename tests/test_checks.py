@@ -13,6 +13,9 @@ pytestmark = pytest.mark.django_db
 
 
 def ids_and_messages(**kwargs):
+    # No databases named: like manage.py check, but without Django's per-alias JSON support
+    # query on every alias (the tests' mirror alias 'queues' is not open to these tests).
+    kwargs.setdefault("databases", [])
     found = checks.run_checks(include_deployment_checks=False, **kwargs)
     return [(m.id, m.msg) for m in found if m.id and m.id.startswith("django_dbqueue")]
 
@@ -33,6 +36,12 @@ def ids_and_messages(**kwargs):
         ({"QUEUES": {"bad name": {}}}, "bad queue name"),
         ({"QUEUES": {"q": {"REAP_INTERVAL": 1}}}, "DBQUEUE['QUEUES']['q'] has an unknown key 'REAP_INTERVAL'"),
         ({"QUEUES": {"q": {"MAX_ATTEMPTS": -1}}}, "DBQUEUE['QUEUES']['q']['MAX_ATTEMPTS'] must be >= 1"),
+        ({"TOPICS": ["orders"]}, "DBQUEUE['TOPICS'] must be a dict of topic name to a list of queue names"),
+        ({"TOPICS": {"bad topic": ["q"]}}, "DBQUEUE['TOPICS'] has a bad topic name: topic name 'bad topic'"),
+        ({"TOPICS": {"orders": "email"}}, "DBQUEUE['TOPICS'] topic 'orders' must have a list of queue names, not str"),
+        ({"TOPICS": {"orders": ["email", ""]}}, "DBQUEUE['TOPICS'] topic 'orders' has a bad queue name"),
+        ({"TOPICS": {"orders": ["email", "email"]}}, "DBQUEUE['TOPICS'] topic 'orders' names a queue twice"),
+        ({"QUEUES": {"q": {"TOPICS": {}}}}, "DBQUEUE['QUEUES']['q'] has an unknown key 'TOPICS'"),
     ],
 )
 def test_bad_setting_is_an_error_naming_the_key(settings, setting, words):
@@ -49,6 +58,12 @@ def test_good_setting_passes(settings):
     assert ids_and_messages() == []
     assert get_settings().for_queue("emails").max_attempts == 9
     assert get_settings().for_queue("emails").visibility_timeout == 30
+
+
+def test_topics_setting_is_read_as_lists(settings):
+    settings.DBQUEUE = {"TOPICS": {"orders": ("email", "invoicing"), "empty": []}}
+    assert ids_and_messages() == []
+    assert get_settings().topics == {"orders": ["email", "invoicing"], "empty": []}
 
 
 def test_database_without_skip_locked_is_an_error(monkeypatch):

@@ -60,7 +60,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DBQUEUE = {
     "VISIBILITY_TIMEOUT": 60,
     "BACKOFF_BASE": 0.2,
-    "QUEUES": {"emails": {"MAX_ATTEMPTS": 2}},
+    "QUEUES": {"emails": {"MAX_ATTEMPTS": 2}, "email": {"MAX_ATTEMPTS": 2}},
+    # Queue "invoicing" subscribes to "orders" in the Subscription table (migration shop 0002).
+    "TOPICS": {"orders": ["email"]},
 }
 
 LOGGING = {

@@ -56,3 +56,12 @@ def poison(message):
     """Kills the process running it, every time: a poison message."""
     mark("start", message)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@django_dbqueue.handler("rr-echo")
+def echo(message):
+    """Answers a request() from another process; refuses ``{"action": "reject"}``."""
+    if message.payload.get("action") == "reject":
+        raise django_dbqueue.Reject("cannot answer that")
+    django_dbqueue.reply(message, {"echo": message.payload, "pid": os.getpid()})
+    return "answered"

@@ -1,0 +1,286 @@
+"""Enqueue from model saves and deletes: the transactional outbox.
+
+``enqueue_on_save(Order, queue="orders", payload=...)`` connects ``post_save``
+so that saving an ``Order`` writes a message. When the queue lives on the
+database the model is saved to, the message is written in the save's own
+transaction: a save that rolls back never leaves a message, and one that
+commits always does. When the queue lives on another database alias, the
+message is written when the save's transaction commits: a rolled-back save
+still leaves no message, but a crash between that commit and the insert
+loses the message (see docs/transactional-enqueue.md).
+
+``bulk_create()`` and ``QuerySet.update()`` send no ``post_save``;
+:func:`enqueue_saved` applies the rules to such rows explicitly.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.apps import apps
+from django.db import models, transaction
+from django.db.models.signals import post_delete, post_save
+
+from . import validation
+from .conf import queue_options
+from .exceptions import InvalidOption, UnknownOption
+from .models import Message
+from .operations import ENQUEUE_OPTIONS, announce_enqueued, build_message, insert_many
+
+# Options a rule passes to enqueue()/publish(); each may be a value or a callable of the instance.
+RULE_OPTIONS = ENQUEUE_OPTIONS - {"kind", "key"}
+WHEN_SHORTCUTS = ("created", "updated")
+EVENTS = {"save": post_save, "delete": post_delete}
+
+Value = Any  # a value, or a callable that takes the instance and returns one
+
+# (model, event, "queue:name" or "topic:name", name) -> rule
+_rules: dict[tuple[type[models.Model], str, str, str], OutboxRule] = {}
+
+
+@dataclass
+class OutboxRule:
+    """One model event that writes a message: to a queue, or to every subscriber of a topic."""
+
+    model: type[models.Model]
+    event: str  # "save" or "delete"
+    queue: str | None
+    topic: str | None
+    payload: Value
+    kind: Value = ""
+    key: Value = None
+    when: Callable[..., bool] | str | None = None
+    options: dict[str, Value] = field(default_factory=dict)
+    name: str = ""
+
+    @property
+    def target(self) -> str:
+        return f"queue:{self.queue}" if self.queue is not None else f"topic:{self.topic}"
+
+    @property
+    def dispatch_uid(self) -> str:
+        return f"django_dbqueue.outbox:{self.model._meta.label}:{self.event}:{self.target}:{self.name}"
+
+    def applies(self, instance: models.Model, created: bool) -> bool:
+        if self.when is None:
+            return True
+        if self.when == "created":
+            return created
+        if self.when == "updated":
+            return not created
+        if self.event == "delete":
+            return bool(self.when(instance))
+        return bool(self.when(instance, created))
+
+    def build(self, instance: models.Model) -> tuple[list[tuple[Message, float | None]], str | None]:
+        """This rule's messages for ``instance`` (unsaved) and their database; validates everything."""
+        payload = _value(self.payload, instance)
+        options = {name: _value(value, instance) for name, value in self.options.items()}
+        options["kind"] = _value(self.kind, instance)
+        options["key"] = _value(self.key, instance)
+        if self.topic is not None:
+            from .topics import build_copies
+
+            return build_copies(self.topic, payload, options)
+        message, delay = build_message(self.queue, payload, options)
+        return [(message, delay)], options.get("using") or queue_options(self.queue).database
+
+    def receive(self, sender: type[models.Model], instance: models.Model, using: str, **kwargs: Any) -> None:
+        if kwargs.get("raw"):  # loaddata: fixtures are not business events
+            return
+        if self.applies(instance, kwargs.get("created", False)):
+            pending, target = self.build(instance)
+            _write(pending, target, using)
+
+    def disconnect(self) -> None:
+        EVENTS[self.event].disconnect(sender=self.model, dispatch_uid=self.dispatch_uid)
+        _rules.pop((self.model, self.event, self.target, self.name), None)
+
+
+def _value(value: Value, instance: models.Model) -> Any:
+    return value(instance) if callable(value) else value
+
+
+def _write(pending: list[tuple[Message, float | None]], target: str | None, source: str) -> None:
+    """Insert now when the queue shares the instance's database, else when its transaction commits."""
+    if not pending or target is None:
+        return
+
+    def write() -> None:
+        messages = insert_many(pending, target)
+        announce_enqueued(messages, target)
+
+    if target == source:
+        write()  # inside the save's transaction, when it has one
+    else:
+        transaction.on_commit(write, using=source)
+
+
+def _model(model: type[models.Model] | str) -> type[models.Model]:
+    if isinstance(model, str):
+        try:
+            return apps.get_model(model)
+        except (LookupError, ValueError) as exc:
+            raise InvalidOption(f"no model {model!r}: give a model class or an 'app_label.ModelName' label") from exc
+    if not (isinstance(model, type) and issubclass(model, models.Model)):
+        raise InvalidOption(f"model must be a Django model class or an 'app_label.ModelName' label, not {model!r}")
+    return model
+
+
+def _register(
+    model: type[models.Model] | str,
+    event: str,
+    *,
+    queue: str | None = None,
+    topic: str | None = None,
+    payload: Value,
+    kind: Value = "",
+    key: Value = None,
+    when: Callable[..., bool] | str | None = None,
+    name: str = "",
+    options: dict[str, Value],
+) -> OutboxRule:
+    model = _model(model)
+    if queue is not None:
+        validation.validate_queue_name(queue)
+    else:
+        validation.validate_topic_name(topic)
+    unknown = set(options) - RULE_OPTIONS
+    if unknown:
+        raise UnknownOption(
+            f"unknown option(s) {', '.join(sorted(map(repr, unknown)))}; "
+            f"known: payload, kind, key, when, name, {', '.join(sorted(RULE_OPTIONS))}"
+        )
+    if not callable(payload):
+        validation.validate_payload(payload)
+    if not callable(kind):
+        validation.validate_kind(kind)
+    if not callable(key):
+        validation.validate_key(key)
+    if not (when is None or callable(when) or (event == "save" and when in WHEN_SHORTCUTS)):
+        shortcuts = f', "{WHEN_SHORTCUTS[0]}", "{WHEN_SHORTCUTS[1]}"' if event == "save" else ""
+        raise InvalidOption(f"when must be None, a callable{shortcuts}; not {when!r}")
+    if not isinstance(name, str):
+        raise InvalidOption(f"name must be a string, not {type(name).__name__}")
+    rule = OutboxRule(model, event, queue, topic, payload, kind, key, when, dict(options), name)
+    previous = _rules.get((model, event, rule.target, name))
+    if previous is not None:  # registering again (a module imported twice, a test) replaces the rule
+        previous.disconnect()
+    EVENTS[event].connect(rule.receive, sender=model, weak=False, dispatch_uid=rule.dispatch_uid)
+    _rules[(model, event, rule.target, name)] = rule
+    return rule
+
+
+def enqueue_on_save(
+    model: type[models.Model] | str,
+    queue: str,
+    *,
+    payload: Value,
+    kind: Value = "",
+    key: Value = None,
+    when: Callable[[Any, bool], bool] | str | None = None,
+    name: str = "",
+    **options: Value,
+) -> OutboxRule:
+    """Enqueue a message on ``queue`` each time an instance of ``model`` is saved.
+
+    ``payload``, ``kind``, ``key`` and the other options of
+    :func:`~django_dbqueue.enqueue` are values or callables taking the
+    instance. ``when`` filters: ``"created"``, ``"updated"`` or a callable
+    ``when(instance, created)``. Registering the same model, queue and
+    ``name`` again replaces the rule. Returns the rule (``.disconnect()``).
+    """
+    return _register(
+        model, "save", queue=queue, payload=payload, kind=kind, key=key, when=when, name=name, options=options
+    )
+
+
+def enqueue_on_delete(
+    model: type[models.Model] | str,
+    queue: str,
+    *,
+    payload: Value,
+    kind: Value = "",
+    key: Value = None,
+    when: Callable[[Any], bool] | None = None,
+    name: str = "",
+    **options: Value,
+) -> OutboxRule:
+    """Enqueue a message on ``queue`` each time an instance of ``model`` is deleted.
+
+    Like :func:`enqueue_on_save`; ``when(instance)`` takes the instance only.
+    Deletes always run in a transaction, so the message commits or rolls
+    back with the delete.
+    """
+    return _register(
+        model, "delete", queue=queue, payload=payload, kind=kind, key=key, when=when, name=name, options=options
+    )
+
+
+def publish_on_save(
+    model: type[models.Model] | str,
+    topic: str,
+    *,
+    payload: Value,
+    kind: Value = "",
+    key: Value = None,
+    when: Callable[[Any, bool], bool] | str | None = None,
+    name: str = "",
+    **options: Value,
+) -> OutboxRule:
+    """Like :func:`enqueue_on_save`, but publish to ``topic``: a copy in each subscribed queue."""
+    return _register(
+        model, "save", topic=topic, payload=payload, kind=kind, key=key, when=when, name=name, options=options
+    )
+
+
+def publish_on_delete(
+    model: type[models.Model] | str,
+    topic: str,
+    *,
+    payload: Value,
+    kind: Value = "",
+    key: Value = None,
+    when: Callable[[Any], bool] | None = None,
+    name: str = "",
+    **options: Value,
+) -> OutboxRule:
+    """Like :func:`enqueue_on_delete`, but publish to ``topic``."""
+    return _register(
+        model, "delete", topic=topic, payload=payload, kind=kind, key=key, when=when, name=name, options=options
+    )
+
+
+def rules_for(model: type[models.Model], event: str = "save") -> list[OutboxRule]:
+    """The rules registered for ``model``'s saves (or deletes), in registration order."""
+    return [rule for (m, e, _, _), rule in _rules.items() if m is model and e == event]
+
+
+def enqueue_saved(instances: Iterable[models.Model], *, created: bool = False) -> list[Message]:
+    """Apply the save rules to rows saved without ``post_save`` (``bulk_create``, ``update()``).
+
+    Call it in the same ``transaction.atomic()`` as the write, with the rows
+    as they are now and ``created`` saying whether they are new. Messages
+    for one database go in multi-row inserts. Returns the messages written
+    now (those for a queue on another database are written on commit).
+    """
+    pending: dict[tuple[str, str], list[tuple[Message, float | None]]] = defaultdict(list)
+    for instance in instances:
+        source = instance._state.db or "default"
+        for rule in rules_for(type(instance), "save"):
+            if rule.applies(instance, created):
+                built, target = rule.build(instance)
+                if target is not None:
+                    pending[(target, source)].extend(built)
+    written: list[Message] = []
+    for (target, source), batch in pending.items():
+        if target == source:
+            messages = insert_many(batch, target)
+            announce_enqueued(messages, target)
+            written += messages
+        else:
+            _write(batch, target, source)
+    return written
