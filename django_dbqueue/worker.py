@@ -307,7 +307,7 @@ class QueueWorker:
         if acking is not None and verdict.outcome == Outcome.ACKED:
             with self._lock:
                 acking.append((message, verdict.result))
-            outcome = "handled (ack with the batch)"
+            outcome = "acked (written with its batch)"
         else:
             outcome = self._record(message, verdict)
             self._count(outcome in (Outcome.ACKED, Outcome.DEFERRED))
