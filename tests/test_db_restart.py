@@ -10,6 +10,7 @@ from tests.mariadb_server import MariaDBServer, find
 from tests.processes import start, start_command, wait_for
 
 MESSAGES = 3000
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
