@@ -11,7 +11,9 @@ Each pass, under a database lock so that only one reaper acts at a time:
    again, see the claim's filter);
 3. messages past ``expires_at`` that nobody holds are archived as expired;
 4. archive rows older than their queue's ``RETENTION_DAYS`` are deleted, in
-   batches of ``REAP_BATCH_SIZE`` so no statement holds locks for long.
+   batches of ``REAP_BATCH_SIZE`` so no statement holds locks for long;
+5. on PostgreSQL, the live table is analysed when much of it changed, so the
+   claim keeps walking its index (see ``vendor.refresh_statistics``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .conf import get_settings, queue_options
 from .models import ArchivedMessage, Message, Outcome, Worker
 from .operations import archive_row
 from .transient import with_retries
-from .vendor import DbNow, db_now, try_lock, write_transaction
+from .vendor import DbNow, db_now, refresh_statistics, try_lock, write_transaction
 
 logger = logging.getLogger("django_dbqueue")
 LOCK_NAME = "django_dbqueue.reaper"
@@ -43,6 +45,7 @@ class ReapReport:
     poison: int = 0
     expired: int = 0
     pruned: int = 0
+    analyzed: bool = False
 
     @property
     def did_something(self) -> bool:
@@ -52,7 +55,7 @@ class ReapReport:
         return (
             f"{self.stale_workers} stale worker(s) removed, {self.released} message(s) released, "
             f"{self.poison} poison message(s) dead-lettered, {self.expired} expired, "
-            f"{self.pruned} archive row(s) pruned"
+            f"{self.pruned} archive row(s) pruned" + (", statistics refreshed" if self.analyzed else "")
         )
 
 
@@ -77,6 +80,7 @@ class Reaper:
             report.poison += self.dead_letter_poison()
             report.expired += self.expire()
             report.pruned += self.prune()
+            report.analyzed = refresh_statistics(self.using, Message._meta.db_table)
             return report
 
     # --- the steps -------------------------------------------------------------

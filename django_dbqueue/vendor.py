@@ -225,3 +225,24 @@ def notifications(using: str, stop: Callable[[], bool], timeout: float = 1.0) ->
 def json_param(using: str) -> str:
     """A placeholder for a JSON text parameter stored into a JSON column from hand-written SQL."""
     return "CAST(%s AS jsonb)" if vendor(using) == "postgresql" else "%s"
+
+
+def refresh_statistics(using: str, table: str) -> bool:
+    """On PostgreSQL, ANALYZE ``table`` when much of it changed since its last analysis.
+
+    A queue table empties and refills fast. With statistics from when it was
+    empty the planner sorts the whole backlog for every claim instead of
+    walking the claim index (seen: 400 ms instead of 0.1 ms per claim with
+    240,000 ready rows). Autovacuum fixes that within a minute when it is on;
+    the reaper makes sure of it when it is off or lagging. MySQL's InnoDB
+    recalculates its statistics by itself. Returns whether it analysed.
+    """
+    if vendor(using) != "postgresql":
+        return False
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT n_mod_since_analyze, n_live_tup FROM pg_stat_user_tables WHERE relname = %s", [table])
+        row = cursor.fetchone()
+        if row is None or row[0] < max(1000, 0.1 * row[1]):
+            return False
+        cursor.execute(f"ANALYZE {connections[using].ops.quote_name(table)}")
+    return True

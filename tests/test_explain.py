@@ -56,3 +56,22 @@ def test_postgres_plan_uses_the_claim_index_without_sort(claim_sql):
     plan = "\n".join(row[0] for row in explain(claim_sql, "EXPLAIN"))
     assert "dbqueue_msg_claim" in plan, plan
     assert "Seq Scan" not in plan and "Sort" not in plan, plan
+
+
+def test_reaper_refreshes_postgres_statistics_after_a_bulk_load():
+    """Stale statistics (autovacuum off or lagging) made PostgreSQL sort the whole backlog per claim."""
+    if connection.vendor != "postgresql":
+        pytest.skip("InnoDB and SQLite need no help; PostgreSQL's planner does")
+    from django_dbqueue.reaper import Reaper
+    from django_dbqueue.vendor import refresh_statistics
+    from tests.processes import wait_for
+
+    django_dbqueue.enqueue_many("claims", [{"n": n} for n in range(5000)])
+    # Statistics counters reach pg_stat_user_tables within about a second.
+    wait_for(lambda: Reaper().run_once().analyzed, timeout=30, interval=0.5, what="the reaper to analyse")
+    assert refresh_statistics("default", "dbqueue_message") is False  # nothing changed since
+    with CaptureQueriesContext(connection) as queries:
+        Message.objects.claim("claims", 10)
+    [select] = [q["sql"] for q in queries.captured_queries if "SKIP LOCKED" in q["sql"]]
+    plan = "\n".join(row[0] for row in explain(select, "EXPLAIN"))
+    assert "dbqueue_msg_claim" in plan and "Sort" not in plan, plan
