@@ -227,7 +227,7 @@ def json_param(using: str) -> str:
     return "CAST(%s AS jsonb)" if vendor(using) == "postgresql" else "%s"
 
 
-def refresh_statistics(using: str, table: str) -> bool:
+def refresh_statistics(using: str, table: str, *, force: bool = False) -> bool:
     """On PostgreSQL, ANALYZE ``table`` when much of it changed since its last analysis.
 
     A queue table empties and refills fast. With statistics from when it was
@@ -242,7 +242,7 @@ def refresh_statistics(using: str, table: str) -> bool:
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT n_mod_since_analyze, n_live_tup FROM pg_stat_user_tables WHERE relname = %s", [table])
         row = cursor.fetchone()
-        if row is None or row[0] < max(1000, 0.1 * row[1]):
+        if not force and (row is None or row[0] < max(1000, 0.1 * row[1])):
             return False
         cursor.execute(f"ANALYZE {connections[using].ops.quote_name(table)}")
     return True
