@@ -64,6 +64,9 @@ def request(
     correlation_id = uuid.uuid4().hex
     reply_to = reply_queue_name(correlation_id)
     headers = {**validation.validate_headers(headers), "correlation_id": correlation_id, "reply_to": reply_to}
+    expires_at = db_now(using) + timedelta(seconds=seconds)
+    # Counted from after the database's clock was read, so that when we give
+    # up the request has expired there too and no worker can still claim it.
     deadline = time.monotonic() + seconds
     sent = enqueue(
         queue,
@@ -72,7 +75,7 @@ def request(
         headers=headers,
         priority=priority,
         max_attempts=max_attempts,
-        expires_at=db_now(using) + timedelta(seconds=seconds),
+        expires_at=expires_at,
         using=using,
     )
     wait = FIRST_POLL
