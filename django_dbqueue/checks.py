@@ -1,11 +1,16 @@
 """System checks: the DBQUEUE setting and what the queue's databases can do.
 
-Ids are stable: E001 setting, E002 no SKIP LOCKED, W001 REPEATABLE READ.
+Ids are stable: E001 setting, E002 no SKIP LOCKED, W001 REPEATABLE READ,
+W003 a missing JDBC driver for the Spark analytics;
+W002 (a Tasks backend queue without ARCHIVE) is reported by DatabaseQueueBackend.check().
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
@@ -21,6 +26,35 @@ def check_setting(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         Error(problem, hint=f"See {DOCS} for every key and its default.", id="django_dbqueue.E001")
         for problem in find_problems(raw_setting())
     ]
+
+
+@register()
+def check_spark_jars(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """Only where PySpark is installed: a missing driver jar fails ``queueanalytics`` late, inside Spark."""
+    if find_problems(raw_setting()) or not _installed("pyspark"):
+        return []
+    return [
+        Warning(
+            f"DBQUEUE['SPARK_JARS'] lists {jar!r}, which does not exist; queueanalytics cannot load that JDBC driver",
+            hint="Install the driver (Debian: libmariadb-java, libpostgresql-jdbc-java, libxerial-sqlite-jdbc-java) "
+            "or set DBQUEUE['SPARK_JARS']. See docs/analytics.md.",
+            id="django_dbqueue.W003",
+        )
+        for jar in get_settings().spark_jars
+        if not _is_url(jar) and not os.path.isfile(jar)
+    ]
+
+
+def _is_url(jar: str) -> bool:
+    """hdfs://, https://, local:/ ...: Spark fetches those itself (a one-letter scheme is a Windows drive)."""
+    return len(urlsplit(jar).scheme) > 1
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _queue_databases() -> set[str]:

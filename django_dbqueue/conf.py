@@ -47,12 +47,14 @@ def _fraction(value: Any) -> str | None:
     return None if 0 <= value <= 1 else f"must be between 0 and 1 (a fraction of the delay), not {value!r}"
 
 
-def _integer(minimum: int) -> Callable[[Any], str | None]:
+def _integer(minimum: int, maximum: int | None = None) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int):
             return f"must be an integer, not {type(value).__name__}"
         if value < minimum:
             return f"must be >= {minimum}, not {value!r}"
+        if maximum is not None and value > maximum:
+            return f"must be <= {maximum}, not {value!r}"
         return None
 
     return check
@@ -72,6 +74,18 @@ def _choice(*choices: str) -> Callable[[Any], str | None]:
 def _alias(value: Any) -> str | None:
     if value not in settings.DATABASES:
         return f"names no database in DATABASES: {value!r}"
+    return None
+
+
+def _jar_list(value: Any) -> str | None:
+    """A list of paths (or URLs) of ``.jar`` files: the JDBC drivers Spark loads."""
+    if not isinstance(value, list | tuple) or not all(isinstance(jar, str) and jar for jar in value):
+        return f"must be a list of paths to .jar files, not {value!r}"
+    for jar in value:
+        if not jar.endswith(".jar"):
+            return f"lists {jar!r}, which is not a .jar file"
+        if "," in jar:
+            return f"lists {jar!r}; a path must not contain a comma (Spark joins the list with commas)"
     return None
 
 
@@ -124,6 +138,16 @@ GLOBAL_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     "REAP_BATCH_SIZE": (1000, _integer(1)),
     # Topics and the queues subscribed to them, beside the Subscription table.
     "TOPICS": ({}, _topics),
+    # The JDBC drivers ``manage.py queueanalytics`` gives Spark (spark.jars);
+    # the defaults are where Debian's packages put them. See docs/analytics.md.
+    "SPARK_JARS": (
+        [
+            "/usr/share/java/mariadb-java-client.jar",
+            "/usr/share/java/postgresql.jar",
+            "/usr/share/java/sqlite-jdbc.jar",
+        ],
+        _jar_list,
+    ),
 }
 
 
@@ -157,6 +181,7 @@ class DbQueueSettings:
     reap_interval: float
     reap_batch_size: int
     topics: dict[str, list[str]]
+    spark_jars: list[str]
     defaults: QueueOptions
     queues: dict[str, QueueOptions] = field(default_factory=dict)
 
@@ -226,6 +251,7 @@ def get_settings() -> DbQueueSettings:
     merged = {key: raw.get(key, default) for key, (default, _) in QUEUE_KEYS.items()}
     global_values = {key.lower(): raw.get(key, default) for key, (default, _) in GLOBAL_KEYS.items()}
     global_values["topics"] = {topic: list(queues) for topic, queues in global_values["topics"].items()}
+    global_values["spark_jars"] = list(global_values["spark_jars"])
     return DbQueueSettings(
         **global_values,
         defaults=_queue_options(merged),
@@ -235,6 +261,82 @@ def get_settings() -> DbQueueSettings:
 
 def queue_options(queue: str) -> QueueOptions:
     return get_settings().for_queue(queue)
+
+
+# --- TASKS backends ------------------------------------------------------------
+#
+# A ``TASKS`` backend served by django-dbqueue (django_dbqueue.tasks) gets its
+# ``QUEUES`` and ``OPTIONS`` from the Tasks framework, which hands them to the
+# backend; they are checked here so that every setting's rules live in one place.
+
+# OPTIONS keys: (default, validator).
+TASK_OPTION_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
+    # Runs of a task before it is FAILED; the attempts column holds up to 32767.
+    "MAX_ATTEMPTS": (1, _integer(1, 32767)),
+}
+
+ENQUEUE_ON_COMMIT_ADVICE = (
+    "ENQUEUE_ON_COMMIT is not an option of this backend: a task is written inside the caller's transaction "
+    "on its queue's database, so it commits or rolls back with it; to enqueue only after a commit, call "
+    "transaction.on_commit(functools.partial(my_task.enqueue, ...)) as Django's Tasks documentation shows"
+)
+
+
+@dataclass(frozen=True)
+class TaskBackendOptions:
+    """The validated ``OPTIONS`` of a TASKS backend served by django-dbqueue."""
+
+    max_attempts: int
+
+
+def task_backend_problems(params: Any) -> list[str]:
+    """Return a sentence for each problem in one ``TASKS`` entry for our backend (empty if fine)."""
+    from .validation import queue_name_problem
+
+    if not isinstance(params, dict):
+        return [f"must be a dict, not {type(params).__name__}"]
+    problems = []
+    if "ENQUEUE_ON_COMMIT" in params:
+        problems.append(ENQUEUE_ON_COMMIT_ADVICE)
+    queues = params.get("QUEUES", ["default"])
+    names: list[str] = []
+    if not isinstance(queues, list | tuple | set | frozenset) or not queues:
+        problems.append(
+            f"QUEUES must be a non-empty list of queue names (runqueueworker serves exactly these), not {queues!r}"
+        )
+    else:
+        for name in queues:
+            if (why := queue_name_problem(name)) is not None:
+                problems.append(f"QUEUES has a bad queue name: {why}")
+            else:
+                names.append(name)
+    options = params.get("OPTIONS", {})
+    if not isinstance(options, dict):
+        problems.append(f"OPTIONS must be a dict, not {type(options).__name__}")
+        options = {}
+    for key, value in options.items():
+        spec = TASK_OPTION_KEYS.get(key)
+        if key == "ENQUEUE_ON_COMMIT":
+            problems.append(ENQUEUE_ON_COMMIT_ADVICE)
+        elif spec is None:
+            problems.append(f"OPTIONS has an unknown key {key!r}; known keys: {', '.join(sorted(TASK_OPTION_KEYS))}")
+        elif (why := spec[1](value)) is not None:
+            problems.append(f"OPTIONS[{key!r}] {why}")
+    if names and not find_problems(raw_setting()):
+        databases = {name: get_settings().for_queue(name).database for name in names}
+        if len(set(databases.values())) > 1:
+            problems.append(
+                f"QUEUES must all live on one database (result ids are message ids, unique per database); "
+                f"DBQUEUE puts them on {databases}"
+            )
+    return problems
+
+
+def task_backend_options(params: dict[str, Any]) -> TaskBackendOptions:
+    """The OPTIONS with defaults filled in; call only once ``task_backend_problems`` found none."""
+    options = params.get("OPTIONS", {})
+    values = {key.lower(): options.get(key, default) for key, (default, _) in TASK_OPTION_KEYS.items()}
+    return TaskBackendOptions(**values)
 
 
 @receiver(setting_changed)

@@ -42,6 +42,9 @@ def ids_and_messages(**kwargs):
         ({"TOPICS": {"orders": ["email", ""]}}, "DBQUEUE['TOPICS'] topic 'orders' has a bad queue name"),
         ({"TOPICS": {"orders": ["email", "email"]}}, "DBQUEUE['TOPICS'] topic 'orders' names a queue twice"),
         ({"QUEUES": {"q": {"TOPICS": {}}}}, "DBQUEUE['QUEUES']['q'] has an unknown key 'TOPICS'"),
+        ({"SPARK_JARS": "/usr/share/java/postgresql.jar"}, "DBQUEUE['SPARK_JARS'] must be a list of paths"),
+        ({"SPARK_JARS": ["drivers/postgresql.zip"]}, "lists 'drivers/postgresql.zip', which is not a .jar file"),
+        ({"SPARK_JARS": ["a.jar,b.jar"]}, "must not contain a comma"),
     ],
 )
 def test_bad_setting_is_an_error_naming_the_key(settings, setting, words):
@@ -90,3 +93,19 @@ def test_repeatable_read_on_mysql_is_a_warning():
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+
+def test_a_missing_spark_jar_is_a_warning_where_pyspark_is_installed(settings, tmp_path, monkeypatch):
+    present = tmp_path / "present.jar"
+    present.write_bytes(b"")
+    missing = tmp_path / "missing.jar"
+    jars = [str(present), str(missing), "https://repo.example/driver.jar", "local:/opt/spark/jars/driver.jar"]
+    settings.DBQUEUE = {"SPARK_JARS": jars}
+    # Whether PySpark is installed decides whether the jars matter; play both.
+    monkeypatch.setattr(dbqueue_checks.importlib.util, "find_spec", lambda name: object())
+    found = ids_and_messages()
+    assert [i for i, _ in found] == ["django_dbqueue.W003"]
+    assert str(missing) in found[0][1] and str(present) not in found[0][1]
+    assert get_settings().spark_jars == jars
+    monkeypatch.setattr(dbqueue_checks.importlib.util, "find_spec", lambda name: None)
+    assert ids_and_messages() == []

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from argparse import ArgumentTypeError
+from datetime import UTC, datetime
+
+from django.utils.dateparse import parse_date, parse_datetime
+
 
 def positive_int(text: str) -> int:
     value = int(text)
@@ -22,3 +28,30 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise ValueError(text)
     return value
+
+
+def utc_datetime(text: str) -> datetime:
+    """A date or ISO 8601 datetime; without an offset it is taken as UTC."""
+    problem = f"{text!r} is not a date or datetime; write YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS][+HH:MM]"
+    try:
+        value = parse_datetime(text)
+        day = parse_date(text) if value is None else None
+    except ValueError as exc:  # well formed, but no such day or time
+        raise ArgumentTypeError(f"{problem} ({exc})") from exc
+    if value is None:
+        if day is None:
+            raise ArgumentTypeError(problem)
+        value = datetime(day.year, day.month, day.day)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+SPARK_MASTER = re.compile(r"^(local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?|yarn|(spark|k8s|mesos)://\S+)$")
+
+
+def spark_master(text: str) -> str:
+    """A Spark master URL: local, local[N], local[*], spark://host:port, yarn, k8s://..."""
+    if not SPARK_MASTER.match(text):
+        raise ArgumentTypeError(
+            f"{text!r} is not a Spark master; use local[*], local[N], spark://host:port, yarn or k8s://https://host"
+        )
+    return text
