@@ -47,6 +47,7 @@ _EXPORTS = {
     "CommandFailed": "exceptions",
     "RequestTimeout": "exceptions",
     "RequestFailed": "exceptions",
+    "TaskNotCompleted": "exceptions",
 }
 
 __all__ = ["__version__", *_EXPORTS]

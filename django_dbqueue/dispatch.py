@@ -10,6 +10,10 @@ of rules:
 - it raises anything else: fail (retry with backoff, dead when attempts run out);
 - there is no handler: dead letter naming the queue and kind, or, with the
   queue's ``UNHANDLED = "keep"``, back in the queue for a handler to come.
+
+A handler that has an ``after_record(message, outcome)`` method is told the
+outcome once it is written (or ``"lease lost"``), so it can announce what
+others can now read (the Tasks backend sends ``task_finished`` this way).
 """
 
 from __future__ import annotations
@@ -49,9 +53,20 @@ class Verdict:
     outcome: str
     apply: Callable[[], bool]
     result: Any = None  # an ack's handler return value, for workers that ack in batches
+    recorded: Callable[[str], None] | None = None  # the handler's after_record, bound to the message
 
     def record(self) -> str:
-        return self.outcome if self.apply() else Outcome.LEASE_LOST
+        outcome = self.outcome if self.apply() else Outcome.LEASE_LOST
+        self.written(outcome)
+        return outcome
+
+    def written(self, outcome: str) -> None:
+        """Tell the handler's ``after_record`` what was written (batched acks call this themselves)."""
+        if self.recorded is not None:
+            try:
+                self.recorded(outcome)
+            except Exception:  # the outcome is written; a listener's failure must not undo or repeat it
+                logger.exception("after_record of a handler failed (outcome %s)", outcome)
 
 
 def decide(message: Message, *, worker: str = "", handler: Handler | None = None) -> Verdict:
@@ -59,22 +74,24 @@ def decide(message: Message, *, worker: str = "", handler: Handler | None = None
     handler = handler or find_handler(message.queue, message.kind)
     if handler is None:
         return _unhandled(message)
+    after_record = getattr(handler, "after_record", None)
+    verdict = partial(Verdict, recorded=partial(after_record, message) if after_record else None)
     try:
         result = handler(message)
     except Reject as exc:
-        return Verdict(Outcome.REJECTED, partial(message.reject, requeue=False, reason=exc.reason))
+        return verdict(Outcome.REJECTED, partial(message.reject, requeue=False, reason=exc.reason))
     except Retry as exc:
         reason = exc.reason or "retry requested"
         if not attempts_left(message):
             reason = f"{reason}; no attempts left ({message.attempts} made)"
-            return Verdict(Outcome.REJECTED, partial(message.reject, requeue=False, reason=reason))
-        return Verdict(Outcome.RETRIED, partial(message.reject, delay=exc.delay, reason=reason))
+            return verdict(Outcome.REJECTED, partial(message.reject, requeue=False, reason=reason))
+        return verdict(Outcome.RETRIED, partial(message.reject, delay=exc.delay, reason=reason))
     except Defer as exc:
-        return Verdict(Outcome.DEFERRED, partial(message.defer, exc.until, delay=exc.delay))
+        return verdict(Outcome.DEFERRED, partial(message.defer, exc.until, delay=exc.delay))
     except Exception as exc:
         logger.debug("message %s of %s failed: %r", message.pk, message.queue, exc)
-        return Verdict(Outcome.FAILED, partial(message.fail, exc))
-    return Verdict(Outcome.ACKED, partial(message.ack, worker=worker, result=result), result)
+        return verdict(Outcome.FAILED, partial(message.fail, exc))
+    return verdict(Outcome.ACKED, partial(message.ack, worker=worker, result=result), result)
 
 
 def process(message: Message, *, worker: str = "", handler: Handler | None = None) -> str:

@@ -61,3 +61,11 @@ class RequestTimeout(DbQueueError, TimeoutError):
 
 class RequestFailed(DbQueueError):
     """``request()``'s message was dead-lettered, cancelled or expired without a reply."""
+
+
+class TaskNotCompleted(DbQueueError):
+    """A Tasks-framework task that failed without raising: cancelled, expired, or its worker died.
+
+    ``django_dbqueue.tasks`` reports it as the error class of such a FAILED
+    result; the error's traceback field holds the reason.
+    """

@@ -104,7 +104,7 @@ class QueueWorker:
         self._lock = threading.Lock()
         self._held: dict[int, deque[Message]] = {}  # per thread: claimed, not yet started
         self._running: dict[int, Message] = {}  # per thread: the message its handler runs
-        self._acking: dict[int, list[tuple[Message, Any]]] = {}  # per thread: handled, ack not yet written
+        self._acking: dict[int, list[tuple[Message, Verdict]]] = {}  # per thread: handled, ack not yet written
         self._paused: set[str] = set()
         self._paused_read_at = 0.0
 
@@ -209,7 +209,7 @@ class QueueWorker:
         held: deque[Message] = deque()
         # With batches, acks are written together when the batch is done: one
         # transaction instead of one per message. Their leases stay held until then.
-        acking: list[tuple[Message, Any]] | None = [] if self.config.batch_size > 1 else None
+        acking: list[tuple[Message, Verdict]] | None = [] if self.config.batch_size > 1 else None
         with self._lock:
             self._held[ident] = held
             self._acking[ident] = acking if acking is not None else []
@@ -301,12 +301,12 @@ class QueueWorker:
             self._paused_read_at = now
         return self._paused
 
-    def _process(self, message: Message, acking: list[tuple[Message, Any]] | None = None) -> None:
+    def _process(self, message: Message, acking: list[tuple[Message, Verdict]] | None = None) -> None:
         started = time.monotonic()
         verdict = decide(message, worker=self.name, handler=self.config.handler)
         if acking is not None and verdict.outcome == Outcome.ACKED:
             with self._lock:
-                acking.append((message, verdict.result))
+                acking.append((message, verdict))
             outcome = "acked (written with its batch)"
         else:
             outcome = self._record(message, verdict)
@@ -328,14 +328,14 @@ class QueueWorker:
             else:
                 self.failed += number
 
-    def _flush(self, acking: list[tuple[Message, Any]] | None) -> None:
+    def _flush(self, acking: list[tuple[Message, Verdict]] | None) -> None:
         """Write the batch's acks in one transaction, waiting out a database outage."""
         if not acking:
             return
         with self._lock:
             batch = list(acking)
         messages = [message for message, _ in batch]
-        results = {message.pk: result for message, result in batch}
+        results = {message.pk: verdict.result for message, verdict in batch}
         attempt = 0
         while True:
             try:
@@ -346,6 +346,8 @@ class QueueWorker:
                 self._database_trouble(f"acknowledging {len(messages)} messages", exc, attempt)
         with self._lock:
             del acking[: len(batch)]
+        for (_, verdict), ok in zip(batch, held, strict=True):
+            verdict.written(Outcome.ACKED if ok else Outcome.LEASE_LOST)
         lost = [m.pk for m, ok in zip(messages, held, strict=True) if not ok]
         if lost:
             logger.warning("worker %s: leases lost before the ack of messages %s", self.name, lost)

@@ -8,7 +8,9 @@ database of the process that started them.
 
 import os
 import tempfile
+from importlib.util import find_spec
 
+import django
 import environ
 
 env = environ.Env()
@@ -60,6 +62,8 @@ INSTALLED_APPS = [
     "django_dbqueue",
     "tests.testapp",
 ]
+if django.VERSION < (6, 0) and find_spec("django_tasks") is not None:
+    INSTALLED_APPS.append("django_tasks")  # Django 5.2: the Tasks framework's backport
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -88,8 +92,23 @@ DBQUEUE = {
         "no-archive": {"ARCHIVE": False},
         "short": {"VISIBILITY_TIMEOUT": 1, "MAX_ATTEMPTS": 2},
         "elsewhere": {"DATABASE": "queues"},
+        "t-retry": {"BACKOFF_BASE": 0},
     },
     "TOPICS": {"t-orders": ["t-email", "t-invoicing"]},
+}
+
+# Django's Tasks framework (django.tasks, or the django-tasks backport on 5.2),
+# served by django-dbqueue; tests/testapp/tasks.py holds the tasks.
+TASKS = {
+    "default": {
+        "BACKEND": "django_dbqueue.tasks.DatabaseQueueBackend",
+        "QUEUES": ["t-tasks", "t-other"],
+    },
+    "retrying": {
+        "BACKEND": "django_dbqueue.tasks.DatabaseQueueBackend",
+        "QUEUES": ["t-retry"],
+        "OPTIONS": {"MAX_ATTEMPTS": 2},
+    },
 }
 
 LOGGING = {

@@ -97,3 +97,31 @@ def test_retry_on_the_last_attempt_dead_letters(handler):
     assert process(claim_one(max_attempts=1)) == Outcome.REJECTED
     row = ArchivedMessage.objects.dead().get()
     assert row.last_error == "later; no attempts left (1 made)"
+
+
+def test_after_record_is_told_the_written_outcome_and_cannot_undo_it(handler, caplog):
+    class Announcing:
+        def __init__(self):
+            self.told = []
+
+        def __call__(self, message):
+            if message.payload.get("fail"):
+                raise ValueError("no")
+            return "done"
+
+        def after_record(self, message, outcome):
+            # What it is told is already in the database.
+            self.told.append((message.pk, outcome, ArchivedMessage.objects.filter(message_id=message.pk).exists()))
+            if outcome == Outcome.FAILED:
+                raise RuntimeError("a listener broke")
+
+    announcing = Announcing()
+    handler("jobs")(announcing)
+    ok, failing = claim_one(), claim_one({"fail": True})
+    assert process(ok) == Outcome.ACKED and process(failing) == Outcome.FAILED
+    assert announcing.told == [(ok.pk, Outcome.ACKED, True), (failing.pk, Outcome.FAILED, False)]
+    assert Message.objects.get().last_error.rstrip().endswith("ValueError: no")  # the failure is recorded
+    assert "after_record of a handler failed" in caplog.text
+    stale = claim_one()
+    stale.lease_token = "not-ours"
+    assert process(stale) == Outcome.LEASE_LOST and announcing.told[-1] == (stale.pk, Outcome.LEASE_LOST, False)
