@@ -8,13 +8,13 @@ class DbQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.apps import apps
-
         from . import checks  # noqa: F401  (registers the system checks)
         from .handlers import autodiscover
+        from .taskframework import FRAMEWORK
 
-        if apps.is_installed("django.contrib.admin"):
-            from .admin_topics import register
-
-            register()
         autodiscover()
+        if FRAMEWORK is not None:
+            # So runqueueworker serves the queues of TASKS backends of ours.
+            from .tasks import register_task_queues
+
+            register_task_queues()

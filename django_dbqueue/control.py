@@ -1,4 +1,4 @@
-"""Operators' controls: replay dead letters, cancel, run now, release, pause.
+"""Operators' controls: replay and purge dead letters, cancel, run now, release, pause.
 
 Unlike the consumer operations these act on a message by id, whoever holds
 its lease: they are for people fixing a queue (the admin, scripts), and each
@@ -7,6 +7,7 @@ is one short transaction that changes nothing when its precondition fails.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from . import signals, validation
@@ -128,3 +129,17 @@ def set_paused(queue: str, paused: bool, *, by: str = "", using: str = "default"
             )[0]
 
     return with_retries(using, run, what="pause")
+
+
+def purge(ids: Iterable[int], *, using: str = "default") -> int:
+    """Delete dead letters for good; returns how many went.
+
+    Only dead rows: acked, expired and cancelled history is the reaper's to
+    prune (RETENTION_DAYS), so a purge never loses it by a wrong selection.
+    """
+    ids = list(ids)
+    return with_retries(
+        using,
+        lambda: ArchivedMessage.objects.using(using).filter(pk__in=ids, outcome=Outcome.DEAD).delete()[0],
+        what="purge",
+    )

@@ -259,13 +259,37 @@ class ArchivedMessage(models.Model):
         ordering = ["-finished_at", "-id"]
         indexes = [
             models.Index(fields=["queue", "outcome", "finished_at"], name="dbqueue_arc_queue_outcome"),
-            models.Index(fields=["finished_at"], name="dbqueue_arc_finished"),
+            # Serves the archive's list (ORDER BY finished_at DESC, id DESC, read
+            # backwards; PostgreSQL needs the id in the index to skip the sort)
+            # and the reaper's pruning by finished_at.
+            models.Index(fields=["finished_at", "id"], name="dbqueue_arc_finished_id"),
             models.Index(fields=["message_id"], name="dbqueue_arc_message"),
+            # Serves the dead letters' list: WHERE outcome = 'dead' ORDER BY
+            # finished_at DESC, id DESC, read backwards in index order.
+            models.Index(fields=["outcome", "finished_at", "id"], name="dbqueue_arc_outcome_finished"),
         ]
         permissions = [("replay_archivedmessage", "Can replay dead letters")]
 
     def __str__(self) -> str:
         return f"{self.queue}#{self.message_id} {self.outcome}"
+
+
+class DeadLetterManager(models.Manager.from_queryset(ArchivedMessageQuerySet)):  # type: ignore[misc]
+    def get_queryset(self) -> ArchivedMessageQuerySet:
+        return super().get_queryset().dead()
+
+
+class DeadLetter(ArchivedMessage):
+    """The archive's dead rows, on their own: what operators inspect, edit, replay and purge."""
+
+    objects = DeadLetterManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead letter"
+
+    def __str__(self) -> str:
+        return f"{self.queue}#{self.message_id} dead"
 
 
 class Worker(models.Model):
@@ -307,6 +331,8 @@ class QueueState(models.Model):
     class Meta:
         db_table = "dbqueue_queue_state"
         ordering = ["queue"]
+        # The admin shows this model as the queues' overview page.
+        verbose_name = "queue"
         permissions = [("pause_queue", "Can pause and resume queues")]
 
     def __str__(self) -> str:

@@ -76,3 +76,11 @@ def test_cancel_run_now_release_and_pause():
     assert QueueState.objects.paused_names() == {"q"}
     control.set_paused("q", False)
     assert QueueState.objects.paused_names() == set()
+
+
+def test_purge_deletes_only_the_dead_rows_named():
+    dead, other_dead = ArchivedMessageFactory(dead=True), ArchivedMessageFactory(dead=True)
+    acked = ArchivedMessageFactory(outcome=Outcome.ACKED)
+    assert control.purge([dead.pk, acked.pk]) == 1
+    assert set(ArchivedMessage.objects.values_list("pk", flat=True)) == {other_dead.pk, acked.pk}
+    assert control.purge([]) == 0

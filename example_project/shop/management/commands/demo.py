@@ -114,7 +114,7 @@ class Command(BaseCommand):
             out(
                 f"\nMessage #{dead.message_id} waits in the archive as a dead letter (archive row {dead.pk}). "
                 "Fix the address and replay it from the admin "
-                "(Archived messages, action 'Replay'), or:\n"
+                "(Dead letters: 'Replay', or 'Edit and replay' to correct its payload), or:\n"
                 '  python manage.py shell -c "import django_dbqueue; from django_dbqueue.models import '
                 "ArchivedMessage; from shop.models import Order; "
                 "Order.objects.filter(number='A-1003').update(email='cy@example.com'); "

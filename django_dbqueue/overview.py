@@ -1,0 +1,209 @@
+"""The queues at a glance: what the admin's overview page and ``manage.py queuestats`` show.
+
+One :func:`build_overview` call reads every figure (a handful of grouped
+queries, times by the database's clock); the page and the command only
+format it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Sum
+from django.db.models.functions import TruncHour
+
+from . import handlers
+from .conf import get_settings
+from .models import ArchivedMessage, Message, Outcome, QueueStat, QueueState, Worker
+from .vendor import db_now
+
+HOURS = 24
+
+
+@dataclass
+class QueueSummary:
+    name: str
+    ready: int = 0
+    scheduled: int = 0
+    in_flight: int = 0
+    dead: int = 0
+    oldest_ready_age: timedelta | None = None
+    paused: bool = False
+    acked_per_hour: list[int] = field(default_factory=lambda: [0] * HOURS)
+    dead_per_hour: list[int] = field(default_factory=lambda: [0] * HOURS)
+
+
+@dataclass
+class WorkerSummary:
+    name: str
+    hostname: str
+    pid: int
+    queues: list[str]
+    started_at: datetime
+    last_heartbeat_at: datetime
+    silent_for: timedelta
+    stale: bool
+    processed: int
+    failed: int
+
+
+@dataclass
+class Overview:
+    now: datetime
+    hours: list[datetime]  # the start of each of the last HOURS hours, oldest first
+    per_hour_source: str  # "hourly analytics" (QueueStat rows) or "archive"
+    queues: list[QueueSummary]
+    workers: list[WorkerSummary]
+
+    def as_json(self) -> dict[str, Any]:
+        """Plain JSON types: times as ISO 8601, ages in seconds."""
+
+        def plain(value: Any) -> Any:
+            if isinstance(value, datetime):
+                return value.isoformat()
+            if isinstance(value, timedelta):
+                return round(value.total_seconds(), 3)
+            if isinstance(value, dict):
+                return {key: plain(item) for key, item in value.items()}
+            if isinstance(value, list):
+                return [plain(item) for item in value]
+            return value
+
+        return plain(asdict(self))
+
+
+def build_overview(using: str | None = None) -> Overview:
+    """Read the overview of every queue the project knows on database ``using``."""
+    dbq = get_settings()
+    using = using or dbq.defaults.database
+    now = db_now(using)
+    first_hour = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=HOURS - 1)
+    hours = [first_hour + timedelta(hours=n) for n in range(HOURS)]
+
+    queues: dict[str, QueueSummary] = {}
+
+    def queue(name: str) -> QueueSummary:
+        return queues.setdefault(name, QueueSummary(name))
+
+    # Queues the project declares (settings, handlers) show even when empty.
+    for name in [*dbq.queues, *(q for q, _ in handlers.registered())]:
+        if dbq.for_queue(name).database == using:
+            queue(name)
+    for name, counts in Message.objects.using(using).counts_by_queue().items():
+        summary = queue(name)
+        summary.ready, summary.scheduled, summary.in_flight = counts["ready"], counts["scheduled"], counts["in_flight"]
+        if summary.ready:
+            summary.oldest_ready_age = Message.objects.using(using).oldest_ready_age(name)
+    dead = ArchivedMessage.objects.using(using).dead().values("queue").annotate(n=Count("id")).order_by()
+    for row in dead:
+        queue(row["queue"]).dead = row["n"]
+    for name in QueueState.objects.using(using).paused_names():
+        queue(name).paused = True
+
+    source = _per_hour(using, first_hour, hours, queue)
+    workers = [_worker(row, now, dbq.worker_stale_after) for row in Worker.objects.using(using).order_by("name")]
+    return Overview(now, hours, source, [queues[name] for name in sorted(queues)], workers)
+
+
+def _per_hour(using: str, first_hour: datetime, hours: list[datetime], queue: Any) -> str:
+    """Fill acked and dead per hour: from the hourly analytics when there are any, else from the archive."""
+    slot = {hour: n for n, hour in enumerate(hours)}
+    stats = (
+        QueueStat.objects.using(using)
+        .filter(hour__gte=first_hour)
+        .values("queue", "hour")
+        .annotate(acked_n=Sum("acked"), dead_n=Sum("dead"))
+        .order_by()
+    )
+    rows = [(row["queue"], row["hour"], row["acked_n"], row["dead_n"]) for row in stats]
+    source = "hourly analytics"
+    if not rows:
+        source = "archive"
+        finished = (
+            ArchivedMessage.objects.using(using)
+            .filter(finished_at__gte=first_hour, outcome__in=[Outcome.ACKED, Outcome.DEAD])
+            .annotate(hour=TruncHour("finished_at"))
+            .values("queue", "hour", "outcome")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+        for row in finished:
+            acked = row["n"] if row["outcome"] == Outcome.ACKED else 0
+            rows.append((row["queue"], row["hour"], acked, row["n"] - acked))
+    for name, hour, acked, dead in rows:
+        if hour in slot:
+            summary = queue(name)
+            summary.acked_per_hour[slot[hour]] += acked
+            summary.dead_per_hour[slot[hour]] += dead
+    return source
+
+
+def _worker(row: Worker, now: datetime, stale_after: float) -> WorkerSummary:
+    silent_for = max(now - row.last_heartbeat_at, timedelta(0))
+    return WorkerSummary(
+        name=row.name,
+        hostname=row.hostname,
+        pid=row.pid,
+        queues=list(row.queues),
+        started_at=row.started_at,
+        last_heartbeat_at=row.last_heartbeat_at,
+        silent_for=silent_for,
+        # The reaper's rule: silent for longer than WORKER_STALE_AFTER.
+        stale=silent_for.total_seconds() > stale_after,
+        processed=row.processed,
+        failed=row.failed,
+    )
+
+
+def format_age(age: timedelta | None) -> str:
+    """``3d 4h``, ``2h 5m``, ``4m 10s``, ``12s``: short enough for a table cell."""
+    if age is None:
+        return "-"
+    seconds = int(age.total_seconds())
+    days, seconds = divmod(seconds, 86400)
+    hours, seconds = divmod(seconds, 3600)
+    minutes, seconds = divmod(seconds, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m {seconds}s"
+    return f"{seconds}s"
+
+
+def as_table(overview: Overview) -> str:
+    """The overview as plain text for a terminal."""
+    lines = [f"Queues at {overview.now:%Y-%m-%d %H:%M:%S} UTC (per hour from the {overview.per_hour_source})", ""]
+    header = ("queue", "ready", "scheduled", "in flight", "dead", "oldest ready", "acked/24h", "dead/24h", "")
+    table = [header]
+    for q in overview.queues:
+        table.append(
+            (
+                q.name,
+                str(q.ready),
+                str(q.scheduled),
+                str(q.in_flight),
+                str(q.dead),
+                format_age(q.oldest_ready_age),
+                str(sum(q.acked_per_hour)),
+                str(sum(q.dead_per_hour)),
+                "paused" if q.paused else "",
+            )
+        )
+    if len(table) == 1:
+        lines.append("no queues yet")
+    else:
+        widths = [max(len(row[n]) for row in table) for n in range(len(header))]
+        for row in table:
+            lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    lines += ["", f"Workers ({len(overview.workers)})"]
+    for w in overview.workers:
+        flag = "  STALE" if w.stale else ""
+        lines.append(
+            f"  {w.name}  queues {', '.join(w.queues)}  last heartbeat {format_age(w.silent_for)} ago  "
+            f"processed {w.processed}, failed {w.failed}{flag}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""The admin's lists stay off ``COUNT(*)`` on large tables (django_dbqueue.paginator)."""
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_dbqueue.models import ArchivedMessage, DeadLetter, Outcome
+from django_dbqueue.paginator import EstimatingPaginator
+from django_dbqueue.vendor import estimated_row_count
+from tests.admin_helpers import changelist, staff
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def archive(rows: int, dead_every: int = 0) -> None:
+    """``rows`` archived messages in one statement, every ``dead_every``-th one dead."""
+    now = timezone.now()
+    ArchivedMessage.objects.bulk_create(
+        [
+            ArchivedMessage(
+                message_id=n,
+                queue="bulk",
+                payload={"n": n},
+                created_at=now,
+                first_available_at=now,
+                finished_at=now - timedelta(seconds=n),
+                outcome=Outcome.DEAD if dead_every and n % dead_every == 0 else Outcome.ACKED,
+            )
+            for n in range(rows)
+        ],
+        batch_size=1000,
+    )
+
+
+def analyze(table: str) -> None:
+    """Refresh the statistics the estimate reads (autovacuum or InnoDB would, in time)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(f"ANALYZE TABLE {table}")
+            cursor.fetchall()
+        elif connection.vendor == "postgresql":
+            cursor.execute(f"ANALYZE {table}")
+
+
+def counts(sqls: list[str]) -> list[str]:
+    return [sql for sql in sqls if "COUNT(" in sql.upper()]
+
+
+class SmallThreshold(EstimatingPaginator):
+    exact_below = 10
+    count_cap = 50
+
+
+def test_unfiltered_large_table_is_estimated_not_counted():
+    archive(200)
+    analyze("dbqueue_archive")
+    paginator = SmallThreshold(ArchivedMessage.objects.all(), 20)
+    with CaptureQueriesContext(connection) as queries:
+        count = paginator.count
+    sqls = [q["sql"] for q in queries.captured_queries]
+    if connection.vendor == "sqlite":
+        # No statistics to read: a count, bounded by the cap.
+        assert (count, paginator.approximate) == (50, "more than")
+        assert "LIMIT 51" in counts(sqls)[0]
+    else:
+        assert paginator.approximate == "about" and 100 <= count <= 400, count  # statistics, roughly right
+        assert counts(sqls) == [], sqls
+        assert estimated_row_count("default", "dbqueue_archive") == count
+
+
+def test_small_and_filtered_lists_are_counted_exactly():
+    archive(30, dead_every=3)
+    analyze("dbqueue_archive")
+    paginator = SmallThreshold(DeadLetter.objects.all(), 20)
+    assert (paginator.count, paginator.approximate, paginator.num_pages) == (10, "", 1)
+    paginator = EstimatingPaginator(ArchivedMessage.objects.all(), 20)  # below exact_below: counted
+    assert (paginator.count, paginator.approximate) == (30, "")
+
+
+def test_filtered_count_stops_at_the_cap():
+    archive(120)
+    paginator = SmallThreshold(ArchivedMessage.objects.filter(queue="bulk"), 20)
+    with CaptureQueriesContext(connection) as queries:
+        assert (paginator.count, paginator.approximate, paginator.num_pages) == (50, "more than", 3)
+    [count_sql] = counts([q["sql"] for q in queries.captured_queries])
+    assert "LIMIT 51" in count_sql  # at most cap + 1 rows read
+
+
+def test_lists_and_sequences_other_than_querysets_are_counted():
+    assert EstimatingPaginator(list(range(7)), 5).count == 7
+
+
+def test_estimate_is_none_where_the_database_keeps_none():
+    if connection.vendor != "sqlite":
+        pytest.skip("MySQL and PostgreSQL keep statistics")
+    assert estimated_row_count("default", "dbqueue_archive") is None
+
+
+def test_admin_archive_list_says_about_when_it_estimates(client, monkeypatch):
+    monkeypatch.setattr(EstimatingPaginator, "exact_below", 10)
+    monkeypatch.setattr(EstimatingPaginator, "count_cap", 50)
+    archive(120, dead_every=4)
+    analyze("dbqueue_archive")
+    client.force_login(staff("viewer", "view_archivedmessage", "view_deadletter"))
+    with CaptureQueriesContext(connection) as queries:
+        html = client.get(changelist("archivedmessage")).content.decode()
+    archive_counts = [sql for sql in counts([q["sql"] for q in queries.captured_queries]) if "dbqueue_archive" in sql]
+    if connection.vendor == "sqlite":
+        assert "more than</span> 50 archived messages" in html
+    else:
+        assert "about</span>" in html and archive_counts == []
+    html = client.get(changelist("deadletter")).content.decode()
+    assert "30 dead letters" in html and "about</span>" not in html and "more than" not in html
+
+
+@pytest.mark.parametrize(
+    ("model", "index"),
+    [(ArchivedMessage, "dbqueue_arc_finished_id"), (DeadLetter, "dbqueue_arc_outcome_finished")],
+)
+def test_lists_walk_their_index(model, index):
+    """ORDER BY finished_at DESC, id DESC comes out of an index read backwards: no sort of the table."""
+    if connection.vendor == "sqlite":
+        pytest.skip("the MariaDB/MySQL and PostgreSQL plans")
+    archive(20_000, dead_every=50)
+    analyze("dbqueue_archive")
+    sql, params = model.objects.all()[:50].query.sql_with_params()
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(f"EXPLAIN FORMAT=JSON {sql}", params)
+            plan = json.dumps(json.loads(cursor.fetchone()[0]))
+            assert f'"key": "{index}"' in plan, plan
+            assert "filesort" not in plan, plan
+        else:
+            cursor.execute(f"EXPLAIN {sql}", params)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert index in plan and "Sort" not in plan, plan
