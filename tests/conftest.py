@@ -13,3 +13,13 @@ def archive_and_live_counts():
     from django_dbqueue.models import ArchivedMessage, Message
 
     return lambda: (Message.objects.count(), ArchivedMessage.objects.count())
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark (two cores, as on CI) for the whole run: starting the JVM takes seconds."""
+    from django_dbqueue.analytics.session import spark_session
+
+    session = spark_session("local[2]")
+    yield session
+    session.stop()
