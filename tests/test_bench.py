@@ -36,12 +36,17 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
         "end-to-end latency",
         "claim+ack median, loaded tables",
         "worker RSS growth over 2000 messages",
+        "admin archive page, whole table",
+        "admin archive page, filtered by queue",
     }
     for name in ("enqueue", "enqueue_many", "drain"):
         assert phases[name]["ours"] > 0 and phases[name]["baseline"] > 0 and phases[name]["ratio"] > 0
     latency = phases["end-to-end latency"]["extra"]
     assert 0 <= latency["p50_ms"] <= latency["p95_ms"] <= latency["p99_ms"]
     assert phases["worker RSS growth over 2000 messages"]["extra"]["rss_end_mb"] > 0
+    for name in ("admin archive page, whole table", "admin archive page, filtered by queue"):
+        assert phases[name]["ours"] > 0 and phases[name]["baseline"] > 0
+        assert phases[name]["extra"]["archive_rows"] == 3000
     assert report["config"]["vendor"] == connection.vendor
     # It cleans up after itself.
     assert not Message.objects.filter(queue__startswith="queuebench.").exists()

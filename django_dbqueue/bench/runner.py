@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from django.conf import settings
+from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Max, Min
 from django.test.utils import override_settings
@@ -29,7 +30,7 @@ from ..operations import ack_many, claim, enqueue, enqueue_many
 from ..vendor import refresh_statistics, vendor
 from .rawsql import RawProtocol
 
-PHASES = ("enqueue", "enqueue_many", "drain", "latency", "claim_latency", "memory")
+PHASES = ("enqueue", "enqueue_many", "drain", "latency", "claim_latency", "memory", "admin_list")
 PREFIX = "queuebench."
 
 
@@ -290,6 +291,45 @@ class QueueBench:
         }
         return [Result(f"worker RSS growth over {count} messages", warm[-1] - warm[0], "MB", None, extra)]
 
+    def _page_ms(self, paginator_class: type[Paginator], queryset: Any, rounds: int = 15) -> float:
+        """The median time to count a list and read its first page of 100, as the admin does."""
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            paginator = paginator_class(queryset, 100)
+            paginator.count  # noqa: B018 (the count is what is measured)
+            list(paginator.page(1).object_list)
+            times.append((time.perf_counter() - started) * 1000)
+        return statistics.median(times)
+
+    def phase_admin_list(self) -> list[Result]:
+        """The archive's admin list with ``archive_rows`` rows: our paginator against Django's COUNT(*)."""
+        from ..paginator import EstimatingPaginator
+
+        rows = self.config.archive_rows
+        self.say(f"admin_list: loading {rows} archive rows")
+        self.fill_archive(rows)
+        refresh_statistics(self.using, ArchivedMessage._meta.db_table, force=True)
+        archive = ArchivedMessage.objects.using(self.using).all()
+        one_queue = archive.filter(queue=PREFIX + "claim-history")
+        extra = {"archive_rows": rows, "count_cap": EstimatingPaginator.count_cap}
+        return [
+            Result(
+                "admin archive page, whole table",
+                self._page_ms(EstimatingPaginator, archive),
+                "ms",
+                self._page_ms(Paginator, archive),
+                extra,
+            ),
+            Result(
+                "admin archive page, filtered by queue",
+                self._page_ms(EstimatingPaginator, one_queue),
+                "ms",
+                self._page_ms(Paginator, one_queue),
+                extra,
+            ),
+        ]
+
     # --- data ------------------------------------------------------------------
 
     def fill(self, queue: str, count: int) -> None:
@@ -299,7 +339,7 @@ class QueueBench:
         refresh_statistics(self.using, Message._meta.db_table, force=True)
 
     def fill_archive(self, rows: int) -> None:
-        """Archived rows for the claim-latency phase: real acks as a seed, then INSERT ... SELECT doubling."""
+        """Archived rows for the claim-latency and admin-list phases: real acks, then INSERT ... SELECT doubling."""
         seed_queue = PREFIX + "claim-history"
         have = min(rows, 1000)
         self.fill(seed_queue, have)
@@ -337,6 +377,9 @@ def as_table(results: list[Result], config: BenchConfig) -> str:
             )
         if r.phase.startswith("claim+ack"):
             lines.append(f"{'':<4}baseline here is the same claim+ack on empty tables, not raw SQL")
+        if r.phase.startswith("admin archive page"):
+            rows = r.extra["archive_rows"]
+            lines.append(f"{'':<4}baseline here is Django's paginator (COUNT(*)), over {rows:,} archived rows")
         if r.phase.startswith("worker RSS"):
             lines.append(
                 f"{'':<4}RSS {r.extra['rss_warm_mb']:.1f} MB once warm, {r.extra['rss_end_mb']:.1f} MB at the end"

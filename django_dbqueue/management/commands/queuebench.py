@@ -65,6 +65,11 @@ class Command(BaseCommand):
             memory_messages=options["memory_messages"],
             repeat=options["repeat"],
         )
+        if settings.DEBUG:
+            self.stderr.write(
+                "warning: DEBUG is on, so Django records every ORM query (the raw-SQL side bypasses that); "
+                "run with DEBUG off to compare like with like"
+            )
         results = QueueBench(config, progress=self.stderr).run()
         if options["json"]:
             self.stdout.write(json.dumps(as_json(results, config), indent=2, default=str))
