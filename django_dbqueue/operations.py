@@ -106,16 +106,17 @@ def insert_message(message: Message, delay: float | None, using: str) -> Message
     if message.available_at is None:
         message.available_at = message.first_available_at = DbNow(delay or 0)
 
-    def insert() -> Message:
+    def insert() -> bool:
         if message.key is None:
             message.save(using=using, force_insert=True)
-            message._dbqueue_created = True
-        else:
-            message._dbqueue_created = _insert_or_get(message, using)
-        _refresh_expressions(message, using)
-        return message
+            return True
+        return _insert_or_get(message, using)
 
-    return with_retries(using, insert, what="enqueue")
+    # Two steps, each retried on its own: retrying the read-back must never
+    # insert again (a keyed message already taken off its queue would come back).
+    message._dbqueue_created = with_retries(using, insert, what="enqueue")
+    with_retries(using, lambda: _refresh_expressions(message, using), what="enqueue (reading back its times)")
+    return message
 
 
 def _insert_or_get(message: Message, using: str) -> bool:

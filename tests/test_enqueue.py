@@ -1,10 +1,11 @@
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.utils import timezone
 
 import django_dbqueue
+from django_dbqueue import operations, vendor
 from django_dbqueue.models import Message
 from django_dbqueue.vendor import db_now
 
@@ -61,6 +62,32 @@ def test_key_is_free_again_once_the_message_finished():
     assert claimed.ack()
     second = django_dbqueue.enqueue("q", {}, key="k")
     assert second.pk != first.pk and second.was_created
+
+
+@pytest.mark.parametrize("key", [None, "k1"])
+def test_a_retried_read_back_does_not_insert_again(monkeypatch, key):
+    """A transient error after the INSERT retries only the read of the database's times.
+
+    Retrying the INSERT too would fail on the id it already took, or, for a
+    keyed message consumed meanwhile, write it a second time. The error is a
+    stand-in: a real lost connection cannot be timed to land between the two.
+    """
+    reads = []
+    real_read_back = operations._refresh_expressions
+
+    def flaky_read_back(message, using):
+        reads.append(message.pk)
+        if len(reads) == 1:
+            raise OperationalError("stand-in for a lost connection")
+        real_read_back(message, using)
+
+    monkeypatch.setattr(operations, "_refresh_expressions", flaky_read_back)
+    monkeypatch.setattr(vendor, "is_transient", lambda exc, using: "stand-in" in str(exc))
+    message = django_dbqueue.enqueue("emails", {"n": 1}, key=key)
+    stored = Message.objects.get()
+    assert reads == [stored.pk, stored.pk] and message.pk == stored.pk
+    assert message.was_created
+    assert isinstance(message.created_at, datetime) and message.created_at == stored.created_at
 
 
 def test_rollback_leaves_no_message():
