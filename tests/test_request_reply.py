@@ -21,10 +21,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def answering_worker():
     """A worker process serving queue 'rr-echo', whose handler replies (tests/testapp/queues.py)."""
-    worker = start_worker("rr-echo", "--max-runtime", "120")
+    worker = start_worker("rr-echo", "--max-runtime", "120", "-v3")
     yield worker
     worker.send_signal(signal.SIGTERM)
     _, err = worker.communicate(timeout=60)
+    print("worker's log (a line per message):", err)  # shown by pytest when the test failed
     assert worker.returncode == ExitStatus.OK, err
 
 
@@ -40,7 +41,8 @@ def test_round_trip_across_two_processes(answering_worker):
     assert len(correlation_ids) == 3 and {r.headers["reply_to"] for r in rows} == {
         f"reply.{c}" for c in correlation_ids
     }
-    assert not Message.objects.filter(queue__startswith="reply.").exists()
+    left = list(Message.objects.filter(queue__startswith="reply.").values())
+    assert not left, f"replies left behind: {left}; requests: {list(rows.values())}"
     assert not ArchivedMessage.objects.filter(queue__startswith="reply.").exists()
 
 
