@@ -29,7 +29,7 @@ from .exceptions import InvalidOption, NotClaimed, UnknownOption
 from .models import ArchivedMessage, Message, Outcome
 from .sql import archive_copies, insert_messages
 from .transient import with_retries
-from .vendor import DbNow, db_now, write_transaction
+from .vendor import DbNow, db_now, insert_returns_expressions, write_transaction
 
 ENQUEUE_OPTIONS = frozenset(
     {"kind", "key", "delay", "run_at", "priority", "headers", "max_attempts", "expires_at", "using"}
@@ -101,21 +101,28 @@ def announce_enqueued(messages: list[Message], using: str) -> None:
 
 
 def insert_message(message: Message, delay: float | None, using: str) -> Message:
-    """Insert a built message (see :func:`enqueue`), its times from the database clock."""
-    message.created_at = DbNow()
-    if message.available_at is None:
-        message.available_at = message.first_available_at = DbNow(delay or 0)
+    """Insert a built message (see :func:`enqueue`), its times from the database clock.
+
+    Where the INSERT can return the times it computed, it does; elsewhere the
+    clock is read before the INSERT, never read back after it: a worker may
+    take the message the moment it commits (a request's reply), and then
+    there is no row left to read.
+    """
+    scheduled = message.available_at is not None  # run_at was given
+    returned = insert_returns_expressions(using)
 
     def insert() -> bool:
+        now = DbNow() if returned else db_now(using)
+        message.created_at = now
+        if not scheduled:
+            later = DbNow(delay or 0) if returned else now + timedelta(seconds=delay or 0)
+            message.available_at = message.first_available_at = later
         if message.key is None:
             message.save(using=using, force_insert=True)
             return True
         return _insert_or_get(message, using)
 
-    # Two steps, each retried on its own: retrying the read-back must never
-    # insert again (a keyed message already taken off its queue would come back).
     message._dbqueue_created = with_retries(using, insert, what="enqueue")
-    with_retries(using, lambda: _refresh_expressions(message, using), what="enqueue (reading back its times)")
     return message
 
 
@@ -140,17 +147,6 @@ def _insert_or_get(message: Message, using: str) -> bool:
                 return False
             # The live one finished between our insert and our read: try again.
     raise IntegrityError(f"could not insert or find key {message.key!r} in queue {message.queue!r}")
-
-
-def _refresh_expressions(message: Message, using: str) -> None:
-    """Read back timestamps the database computed, where RETURNING did not bring them."""
-    stale = [
-        name
-        for name in ("created_at", "available_at", "first_available_at")
-        if isinstance(getattr(message, name), DbNow)
-    ]
-    if stale:
-        message.refresh_from_db(using=using, fields=stale)
 
 
 def enqueue_many(queue: str, payloads: Iterable[Any], **options: Any) -> list[Message]:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import django
 from django.db import connections, transaction
 from django.db.models import DateTimeField, Func
 from django.db.models.sql import Query
@@ -55,10 +56,12 @@ class DbNow(Func):
         return "STATEMENT_TIMESTAMP()", []
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        # Django stores datetimes in SQLite as UTC text; compare like with like.
+        # Django stores datetimes in SQLite as UTC text with six fractional
+        # digits; SQLite's clock has three. Pad, so that text compares like
+        # with like: a time Django wrote in this very millisecond is not later than now.
         if self.seconds:
-            return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"{self.seconds:+.6f} seconds"]
-        return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now')", []
+            return "(STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')", [f"{self.seconds:+.6f} seconds"]
+        return "(STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')", []
 
 
 def db_now(using: str) -> datetime:
@@ -73,6 +76,15 @@ def db_now(using: str) -> datetime:
     if timezone.is_naive(value):
         value = timezone.make_aware(value, UTC)
     return value
+
+
+def insert_returns_expressions(using: str) -> bool:
+    """Whether an INSERT hands back the values the database computed for it (``DbNow()``).
+
+    Django 6 asks for them with RETURNING where the database has it
+    (PostgreSQL, MariaDB, SQLite); Django 5.2 and MySQL do not.
+    """
+    return django.VERSION >= (6, 0) and connections[using].features.can_return_columns_from_insert
 
 
 def vendor(using: str) -> str:

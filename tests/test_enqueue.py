@@ -1,11 +1,11 @@
 from datetime import datetime, timedelta
 
 import pytest
-from django.db import OperationalError, transaction
+from django.db import transaction
+from django.db.models.signals import post_save
 from django.utils import timezone
 
 import django_dbqueue
-from django_dbqueue import operations, vendor
 from django_dbqueue.models import Message
 from django_dbqueue.vendor import db_now
 
@@ -65,29 +65,28 @@ def test_key_is_free_again_once_the_message_finished():
 
 
 @pytest.mark.parametrize("key", [None, "k1"])
-def test_a_retried_read_back_does_not_insert_again(monkeypatch, key):
-    """A transient error after the INSERT retries only the read of the database's times.
+def test_a_message_taken_the_moment_it_is_written_is_enqueued_once(key):
+    """A consumer may delete the row as soon as it exists (request/reply's requester does).
 
-    Retrying the INSERT too would fail on the id it already took, or, for a
-    keyed message consumed meanwhile, write it a second time. The error is a
-    stand-in: a real lost connection cannot be timed to land between the two.
+    enqueue() must not read the row back after inserting it: that read found
+    nothing, the enqueue failed, and the handler that sent a reply ran and
+    replied again. post_save fires right after the INSERT, so the receiver
+    here plays a consumer that is that quick.
     """
-    reads = []
-    real_read_back = operations._refresh_expressions
+    taken = []
 
-    def flaky_read_back(message, using):
-        reads.append(message.pk)
-        if len(reads) == 1:
-            raise OperationalError("stand-in for a lost connection")
-        real_read_back(message, using)
+    def take_at_once(sender, instance, created, **kwargs):
+        taken.append(Message.objects.filter(pk=instance.pk).delete()[0])
 
-    monkeypatch.setattr(operations, "_refresh_expressions", flaky_read_back)
-    monkeypatch.setattr(vendor, "is_transient", lambda exc, using: "stand-in" in str(exc))
-    message = django_dbqueue.enqueue("emails", {"n": 1}, key=key)
-    stored = Message.objects.get()
-    assert reads == [stored.pk, stored.pk] and message.pk == stored.pk
-    assert message.was_created
-    assert isinstance(message.created_at, datetime) and message.created_at == stored.created_at
+    post_save.connect(take_at_once, sender=Message)
+    try:
+        message = django_dbqueue.enqueue("replies", {"n": 1}, key=key, delay=5)
+    finally:
+        post_save.disconnect(take_at_once, sender=Message)
+    assert taken == [1] and not Message.objects.exists()
+    assert message.pk is not None and message.was_created
+    assert isinstance(message.created_at, datetime)
+    assert message.available_at == message.first_available_at == message.created_at + timedelta(seconds=5)
 
 
 def test_rollback_leaves_no_message():
