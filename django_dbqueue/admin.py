@@ -114,8 +114,21 @@ class StateFilter(admin.SimpleListFilter):
 # --- shared behaviour ----------------------------------------------------------
 
 
-class ReadOnlyQueueAdmin(admin.ModelAdmin):
+class NoEditForms:
     """Rows change only through queue operations: no add, edit or plain delete forms."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReadOnlyQueueAdmin(NoEditForms, admin.ModelAdmin):
+    """Live and archived messages: estimated counts, escaped payloads, actions as POSTs."""
 
     paginator = EstimatingPaginator
     show_full_result_count = False  # a second COUNT(*) over the whole table on every filtered page
@@ -135,15 +148,6 @@ class ReadOnlyQueueAdmin(admin.ModelAdmin):
     @admin.display(description="last error")
     def last_error_full(self, obj: Message | ArchivedMessage) -> SafeString:
         return full_text(obj.last_error)
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(PERMISSIONS["cancel"])
@@ -445,17 +449,8 @@ class PauseForm(forms.Form):
 
 
 @admin.register(QueueState)
-class QueueOverviewAdmin(admin.ModelAdmin):
+class QueueOverviewAdmin(NoEditForms, admin.ModelAdmin):
     """The "Queues" entry of the admin index: its list page is the overview, with pause and resume."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(PERMISSIONS["pause"])
