@@ -23,6 +23,7 @@ MYSQL_TRANSIENT_CODES = {
     1213,  # deadlock found when trying to get lock
     2006,  # server has gone away
     2013,  # lost connection during query
+    2002,  # can't connect (MariaDB Connector/C says so for TCP too)
     2003,  # can't connect (server restarting)
     1927,  # MariaDB: connection was killed
     4031,  # MariaDB: client disconnected by the server (inactivity)
@@ -134,7 +135,8 @@ def is_transient(exc: BaseException, using: str) -> bool:
         sqlstate = getattr(cause, "sqlstate", None)
         if sqlstate in POSTGRES_TRANSIENT_SQLSTATES:
             return True
-        return "connection" in str(cause).lower() and ("closed" in str(cause).lower() or "lost" in str(cause).lower())
+        text = str(cause).lower()  # psycopg gives no SQLSTATE for errors on the client's side of the socket
+        return "connection failed" in text or ("connection" in text and ("closed" in text or "lost" in text))
     if kind == "sqlite":
         return "database is locked" in str(cause)
     return False
