@@ -45,8 +45,19 @@ def test_worker_survives_a_database_restart(server):
     assert migrate.wait(timeout=120) == 0, migrate.stderr.read()
     produce = start("produce", "w-ok", 0, MESSAGES, 500, **on_private_server(server))
     assert produce.wait(timeout=120) == 0, produce.stderr.read()
+    # A claim that committed just as the server went down, its answer lost,
+    # leaves its batch leased to nobody until the lease ends: a short lease
+    # brings such a batch back well within the wait below.
     worker = start_command(
-        "runqueueworker", "w-ok", "--concurrency", "4", "--batch-size", "10", **on_private_server(server)
+        "runqueueworker",
+        "w-ok",
+        "--concurrency",
+        "4",
+        "--batch-size",
+        "10",
+        "--visibility-timeout",
+        "20",
+        **on_private_server(server),
     )
     try:
         wait_for(lambda: (archived(server) or 0) >= MESSAGES // 4, timeout=120, what="a quarter to be acked")
@@ -58,6 +69,7 @@ def test_worker_survives_a_database_restart(server):
     finally:
         worker.terminate()
         _, log = worker.communicate(timeout=60)
+        print("worker's log:", log)  # shown by pytest when the test failed
     assert "retrying" in log  # it noticed, logged and carried on
     assert server.execute("SELECT COUNT(*) FROM dbqueue_message", "queue")[0][0] == 0
     rows = server.execute(
