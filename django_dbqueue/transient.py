@@ -16,13 +16,19 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, connections
 
 from . import vendor
 from .conf import get_settings
 
 logger = logging.getLogger("django_dbqueue")
 T = TypeVar("T")
+
+# What a database that went away raises, for the loops that must outlive it
+# (workers, reapers): Django's DatabaseError, and its sibling InterfaceError,
+# which a driver raises on a connection it already closed (mysqlclient's
+# "(0, '')" after a server restart).
+DATABASE_TROUBLE = (DatabaseError, InterfaceError)
 
 
 def backoff(attempt: int, *, base: float = 0.05, cap: float = 2.0) -> float:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import connections
 
 from . import handlers as handler_registry
 from . import vendor
@@ -39,7 +39,7 @@ from .handlers import Handler
 from .models import Message, QueueState
 from .models import Worker as WorkerRow
 from .operations import ack_many
-from .transient import backoff, with_retries
+from .transient import DATABASE_TROUBLE, backoff, with_retries
 from .validation import validate_queues
 from .vendor import DbNow
 
@@ -196,7 +196,7 @@ class QueueWorker:
         for message in unstarted:
             try:
                 message.release()
-            except DatabaseError as exc:  # its lease will expire instead
+            except DATABASE_TROUBLE as exc:  # its lease will expire instead
                 logger.warning("could not release message %s: %s", message.pk, exc)
         if unstarted:
             logger.info("worker %s released %d unstarted message(s)", self.name, len(unstarted))
@@ -218,7 +218,7 @@ class QueueWorker:
             while not self.stopping.is_set():
                 try:
                     claimed = self._claim()
-                except DatabaseError as exc:
+                except DATABASE_TROUBLE as exc:
                     self._database_trouble("claim", exc)
                     continue
                 if not claimed:
@@ -341,7 +341,7 @@ class QueueWorker:
             try:
                 held = ack_many(messages, worker=self.name, results=results)
                 break
-            except DatabaseError as exc:
+            except DATABASE_TROUBLE as exc:
                 attempt += 1
                 self._database_trouble(f"acknowledging {len(messages)} messages", exc, attempt)
         with self._lock:
@@ -366,7 +366,7 @@ class QueueWorker:
         while True:
             try:
                 return verdict.record()
-            except DatabaseError as exc:
+            except DATABASE_TROUBLE as exc:
                 attempt += 1
                 self._database_trouble(f"recording message {message.pk} as {verdict.outcome}", exc, attempt)
             except DbQueueError as exc:
@@ -407,7 +407,7 @@ class QueueWorker:
                 elapsed = time.monotonic() - last_log
                 if elapsed >= dbq.log_interval:
                     last_log, last_counts = time.monotonic(), self._log_summary(last_counts, elapsed)
-            except DatabaseError as exc:
+            except DATABASE_TROUBLE as exc:
                 logger.warning("worker %s: heartbeat failed (%s)", self.name, str(exc).strip().splitlines()[0])
                 connections[self.using].close()
         connections.close_all()
@@ -472,7 +472,7 @@ class QueueWorker:
     def _unregister(self) -> None:
         try:
             WorkerRow.objects.using(self.using).filter(name=self.name).delete()
-        except DatabaseError as exc:
+        except DATABASE_TROUBLE as exc:
             logger.warning("worker %s: could not remove its row (%s); the reaper will", self.name, exc)
 
     def _listen(self) -> None:
@@ -500,7 +500,7 @@ class QueueWorker:
                 report = reaper.run_once()
                 if report and report.did_something:
                     logger.info("reaper: %s", report)
-            except DatabaseError as exc:
+            except DATABASE_TROUBLE as exc:
                 logger.warning("worker %s: reaper failed (%s)", self.name, exc)
                 connections[self.using].close()
         connections.close_all()

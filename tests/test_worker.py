@@ -84,6 +84,36 @@ def test_until_empty_and_max_messages(tmp_path):
     assert ArchivedMessage.objects.acked().count() == 7
 
 
+def test_a_closed_connection_error_does_not_end_a_consumer(monkeypatch):
+    """InterfaceError, a driver's already-closed connection, is weathered like DatabaseError.
+
+    A stand-in raises it: drivers raise it only in races with a server
+    restart that cannot be staged on demand (tests/test_db_restart.py
+    stages the restart itself). The first claim and the first batch's ack fail.
+    """
+    from django.db import InterfaceError
+
+    from django_dbqueue import worker as worker_module
+
+    django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(4)])
+    failures = {"claim": 1, "ack": 1}
+
+    def failing_once(what, real):
+        def call(*args, **kwargs):
+            if failures[what]:
+                failures[what] -= 1
+                raise InterfaceError(0, "")
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(QueueWorker, "_claim", failing_once("claim", QueueWorker._claim))
+    monkeypatch.setattr(worker_module, "ack_many", failing_once("ack", worker_module.ack_many))
+    assert run(["w-ok"], batch_size=2, max_runtime=60) == ExitStatus.OK
+    assert failures == {"claim": 0, "ack": 0}
+    assert ArchivedMessage.objects.acked().count() == 4 and not Message.objects.exists()
+
+
 def test_paused_queue_is_skipped():
     from django_dbqueue.control import set_paused
 

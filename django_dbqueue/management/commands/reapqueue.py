@@ -6,10 +6,11 @@ import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import DatabaseError, connections
+from django.db import connections
 
 from django_dbqueue.conf import get_settings
 from django_dbqueue.reaper import Reaper
+from django_dbqueue.transient import DATABASE_TROUBLE
 
 
 class Command(BaseCommand):
@@ -32,7 +33,7 @@ class Command(BaseCommand):
             while True:
                 try:
                     report = reaper.run_once()
-                except DatabaseError as exc:  # an outage outlasting the retries: try again next pass
+                except DATABASE_TROUBLE as exc:  # an outage outlasting the retries: try again next pass
                     self.stderr.write(f"reaper pass failed: {exc}")
                     connections[reaper.using].close()
                     report = None
