@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import Any
 
-try:
-    __version__ = metadata.version("django-dbqueue")
-except metadata.PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0"
+from ._version import __version__
 
 # The public API, imported lazily so that ``import django_dbqueue`` works
 # before Django's app registry is ready (settings, INSTALLED_APPS).
