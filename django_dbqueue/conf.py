@@ -17,7 +17,7 @@ The rest of the app asks :func:`get_settings` (global values) or
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .exceptions import ImproperlyConfiguredQueue
+from .exceptions import ImproperlyConfiguredQueue, InvalidOption
 
 
 def _number(minimum: float, *, allow_none: bool = False) -> Callable[[Any], str | None]:
@@ -261,6 +261,25 @@ def get_settings() -> DbQueueSettings:
 
 def queue_options(queue: str) -> QueueOptions:
     return get_settings().for_queue(queue)
+
+
+def database_for(queues: str | Iterable[str], using: str | None = None) -> str:
+    """The one database that ``queues`` live on (``using`` overrides the DATABASE setting).
+
+    Several queues must share one: a claim, a worker or a Tasks backend works
+    in one database's transactions. Raises InvalidOption naming them otherwise.
+    """
+    if using:
+        return using
+    names = [queues] if isinstance(queues, str) else list(queues)
+    if not names:
+        return get_settings().defaults.database
+    placed = {name: queue_options(name).database for name in names}
+    databases = set(placed.values())
+    if len(databases) > 1:
+        where = ", ".join(f"{name!r} on {alias!r}" for name, alias in sorted(placed.items()))
+        raise InvalidOption(f"queues live on different databases ({where}); use them from each separately")
+    return databases.pop()
 
 
 # --- TASKS backends ------------------------------------------------------------
