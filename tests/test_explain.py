@@ -1,4 +1,4 @@
-"""The claim walks the claim index in its ORDER BY order (DESIGN decision 3).
+"""The claim walks the claim index in its ORDER BY order (docs/design.md, decision 3).
 
 EXPLAIN runs on the exact SQL the ORM emits for a claim, captured while a
 real claim runs, over a table big enough that a planner would prefer a
