@@ -28,7 +28,9 @@ from . import signals
 from .conf import get_settings, queue_options
 from .db import transactions
 from .db.clock import db_now
+from .db.errors import with_retries
 from .db.stats import refresh_statistics
+from .db.transactions import write_transaction
 from .models import ArchivedMessage, Message, Outcome, Worker, events
 from .operations import finish
 
@@ -85,17 +87,35 @@ class Reaper:
     # --- the steps -------------------------------------------------------------
 
     def release_stale_workers(self, report: ReapReport) -> None:
+        """Give back the messages of workers whose heartbeat went silent, one worker per transaction.
+
+        The worker's row is locked and checked stale again inside the
+        transaction: a worker whose heartbeat returns meanwhile keeps its claims.
+        """
         stale_after = get_settings().worker_stale_after
-        workers = Worker.objects.using(self.using)
-        for name in list(workers.stale(stale_after).values_list("name", flat=True)):
-            held = Message.objects.using(self.using).filter(claimed_by=name, lease_token__isnull=False)
-            for message in held:
-                if not message.attempts_left():
-                    report.poison += self._dead(message, f"worker {name} stopped answering during its last attempt")
-            report.released += Message.objects.using(self.using).release_from(name)
-            workers.stale(stale_after).filter(name=name).delete()
+        for name in list(Worker.objects.using(self.using).stale(stale_after).values_list("name", flat=True)):
+            counts = with_retries(
+                self.using, lambda name=name: self._release_worker(name, stale_after), what="release of a stale worker"
+            )
+            if counts is None:
+                continue  # it came back
+            poison, released = counts
+            report.poison += poison
+            report.released += released
             report.stale_workers += 1
             logger.warning("reaper: worker %s stopped answering; its messages are back in the queue", name)
+
+    def _release_worker(self, name: str, stale_after: float) -> tuple[int, int] | None:
+        with write_transaction(self.using):
+            if not Worker.objects.using(self.using).lock_if_stale(name, stale_after):
+                return None
+            poison = 0
+            for message in Message.objects.using(self.using).filter(claimed_by=name, lease_token__isnull=False):
+                if not message.attempts_left():
+                    poison += self._dead(message, f"worker {name} stopped answering during its last attempt")
+            released = Message.objects.using(self.using).release_from(name)
+            Worker.objects.using(self.using).unregister(name)
+            return poison, released
 
     def dead_letter_poison(self) -> int:
         """Dead-letter messages whose lease ran out on their last attempt."""

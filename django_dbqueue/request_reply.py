@@ -126,6 +126,14 @@ def reply(message: Message, payload: Any, *, headers: dict[str, Any] | None = No
             f"message {message.pk} of queue {message.queue!r} has no reply_to and correlation_id headers: "
             "only messages sent with request() can be replied to"
         )
+    if reply_to != reply_queue_name(correlation_id):
+        # Headers come from whoever produced the message: a reply goes only
+        # to the private queue request() made for it, never to a queue a
+        # header happens to name.
+        raise InvalidOption(
+            f"message {message.pk} names {reply_to!r} as its reply_to, which is not the reply queue "
+            f"request() makes for its correlation id ({reply_queue_name(correlation_id)!r}); not replying"
+        )
     headers = {**validation.validate_headers(headers), "correlation_id": correlation_id, "in_reply_to": message.pk}
     return enqueue(
         reply_to,

@@ -13,7 +13,7 @@ from ..db.clock import DbNow
 from ..db.errors import with_retries
 from ..db.transactions import write_transaction
 from ..exceptions import AlreadyReplayed, DuplicateKey, InvalidOption
-from ..validation import json_problem
+from ..validation import storable_result, storable_text
 from .statements import ARCHIVE_TABLE
 
 if TYPE_CHECKING:
@@ -66,8 +66,9 @@ class ArchivedMessageQuerySet(models.QuerySet["ArchivedMessage"]):
         """Insert ``build(row)`` as a new live message and record the replay on archive row ``pk``.
 
         One transaction with the archive row locked, so two operators cannot
-        both replay it. Only dead, expired or cancelled rows, once each,
-        unless ``force``; a key that is live already refuses the replay.
+        both replay it. Only dead, expired or cancelled rows (never acked
+        ones, forced or not), once each unless ``force``; a key that is live
+        already refuses the replay.
         """
         from .messages import Message
 
@@ -76,10 +77,11 @@ class ArchivedMessageQuerySet(models.QuerySet["ArchivedMessage"]):
         def run() -> Message:
             with write_transaction(using):
                 row = self.select_for_update().get(pk=pk)
-                if row.outcome not in REPLAYABLE and not force:
+                if row.outcome not in REPLAYABLE:
+                    # Not even with force: force replays a row again, it never re-runs work that succeeded.
                     raise InvalidOption(
                         f"archived message {row.pk} is {row.outcome}; only dead, expired or cancelled messages "
-                        "are replayed (force=True to replay anyway)"
+                        "are replayed (an acked message did its work; enqueue a new one to run it again)"
                     )
                 if row.replayed_at is not None and not force:
                     raise AlreadyReplayed(
@@ -158,7 +160,15 @@ class ArchivedMessage(models.Model):
     def from_live(
         cls, message: Message, outcome: str, *, worker: str = "", error: str | None = None, result: Any = None
     ) -> ArchivedMessage:
-        """The archive row for ``message`` finishing with ``outcome`` (unsaved; finished now by the database clock)."""
+        """The archive row for ``message`` finishing with ``outcome`` (unsaved; finished now by the database clock).
+
+        Text the queue writes (the error) is made storable; a result that
+        cannot be stored is not kept, and the row's error says why.
+        """
+        kept, why = storable_result(result)
+        error = message.last_error if error is None else error
+        if why is not None:
+            error = f"{error}\nresult not kept: {why}".strip()
         return cls(
             message_id=message.pk,
             queue=message.queue,
@@ -176,8 +186,8 @@ class ArchivedMessage(models.Model):
             max_attempts=message.max_attempts,
             outcome=outcome,
             finished_by=worker or message.claimed_by,
-            last_error=message.last_error if error is None else error,
-            result=result if json_problem(result, "result") is None else None,
+            last_error=storable_text(error),
+            result=kept,
             replay_of=message.replay_of,
         )
 

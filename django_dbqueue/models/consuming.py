@@ -29,10 +29,10 @@ if TYPE_CHECKING:
 
 
 def error_text(error: BaseException | str) -> str:
-    """An exception as its traceback, or a string as given."""
+    """An exception as its traceback, or a string, made storable on every database."""
     if isinstance(error, BaseException):
-        return "".join(traceback.format_exception(error))
-    return str(error)
+        return validation.storable_text("".join(traceback.format_exception(error)))
+    return validation.storable_text(str(error))
 
 
 def backoff_delay(message: Message) -> float:
@@ -77,10 +77,18 @@ class ConsumerActions:
     def reject(  # type: ignore[misc]
         self: Message, *, requeue: bool = True, delay: float | timedelta | None = None, reason: str = ""
     ) -> bool:
-        """Give the message up: back in the queue (after ``delay``), or dead-lettered with ``reason``."""
+        """Give the message up: back in the queue (after ``delay``), or dead-lettered with ``reason``.
+
+        A requeue on the message's last attempt dead-letters it instead: no
+        message runs more often than its attempts allow.
+        """
         seconds = validation.seconds(delay or 0, "delay")
+        reason = validation.storable_text(str(reason))
         if not requeue:
             return self._finish(Outcome.DEAD, error=reason or "rejected")
+        if not self.attempts_left():
+            why = f"rejected for a requeue on its last attempt ({self.attempts} of {self.max_attempts_allowed()})"
+            return self._finish(Outcome.DEAD, error=f"{reason}\n{why}".strip())
         changes: dict[str, Any] = {"lease_token": None, "available_at": DbNow(seconds)}
         if reason:
             changes["last_error"] = reason

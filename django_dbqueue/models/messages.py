@@ -306,16 +306,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
             keyed = [m for m in messages if m.key is not None]
             if not keyed:
                 return messages
-            self.bulk_create(keyed, batch_size=batch, ignore_conflicts=True)
-            live = {}
-            by_queue: dict[str, set[str]] = defaultdict(set)
-            for message in keyed:
-                by_queue[message.queue].add(message.key)
-            for queue, key_set in sorted(by_queue.items()):
-                keys = sorted(key_set)
-                for start in range(0, len(keys), batch):
-                    for row in self.filter(queue=queue, key__in=keys[start : start + batch]):
-                        live[(queue, row.key)] = row
+            live = self._insert_keyed(keyed, batch)
             result = []
             for message in messages:
                 if message.key is None:
@@ -326,6 +317,36 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 row._dbqueue_created = row.created_at == now and row.payload == message.payload
                 result.append(row)
             return result
+
+    def _insert_keyed(self, keyed: list[Message], batch: int) -> dict[tuple[str, str], Message]:
+        """Insert keyed messages whose key is not live; return the live row of every key.
+
+        A live message with one of these keys may finish (and its delete
+        commit) between our INSERT, which skipped the key, and our read,
+        which then no longer finds it: such keys are inserted again, a
+        bounded number of times.
+        """
+        live: dict[tuple[str, str], Message] = {}
+        missing = keyed
+        for _ in range(10):
+            self.bulk_create(missing, batch_size=batch, ignore_conflicts=True)
+            by_queue: dict[str, set[str]] = defaultdict(set)
+            for message in missing:
+                by_queue[message.queue].add(message.key)
+            for queue, key_set in sorted(by_queue.items()):
+                keys = sorted(key_set)
+                for start in range(0, len(keys), batch):
+                    for row in self.filter(queue=queue, key__in=keys[start : start + batch]):
+                        live[(queue, row.key)] = row
+            missing = [m for m in keyed if (m.queue, m.key) not in live]
+            if not missing:
+                return live
+            for message in missing:
+                message.pk = None
+        raise IntegrityError(
+            f"could not insert or find keys {sorted(m.key for m in missing)[:5]} of enqueue_many "
+            "after 10 tries: live messages with these keys keep finishing and coming back"
+        )
 
     # --- consuming -------------------------------------------------------------
 
@@ -408,12 +429,8 @@ class MessageQuerySet(models.QuerySet["Message"]):
         return self.filter(pk__in=ids, lease_token=token, available_at__gt=DbNow()).update(available_at=DbNow(seconds))
 
     def release_from(self, worker: str) -> int:
-        """Give back every message a (dead) worker holds; the attempt it used counts."""
-        return with_retries(
-            self.db,
-            lambda: self.filter(claimed_by=worker).give_back(count_attempt=True),
-            what=f"release of worker {worker}'s messages",
-        )
+        """Give back every message ``worker`` holds (a dead worker's); the attempt it used counts."""
+        return self.filter(claimed_by=worker).give_back(count_attempt=True)
 
     def run_now(self, pk: int) -> bool:
         """Make a scheduled (or backing-off) message ready now; in-flight ones are left alone."""
@@ -493,6 +510,14 @@ class MessageQuerySet(models.QuerySet["Message"]):
             match |= Q(lease_token=token, pk__in=ids)
         # Like ack(): a lease that ran out is lost even before someone else claims it.
         match &= Q(available_at__gt=DbNow())
+        kept: dict[int, Any] = {}
+        notes: dict[int, str] = {}
+        for message in messages:
+            value, why = validation.storable_result(results.get(message.pk))
+            if why is not None:
+                notes[message.pk] = validation.storable_text(f"{message.last_error}\nresult not kept: {why}".strip())
+            elif value is not None:
+                kept[message.pk] = value
 
         def run() -> set[int]:
             with write_transaction(using):
@@ -500,7 +525,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 if not owned:
                     return owned
                 archived = [m.pk for m in messages if m.pk in owned and queue_options(m.queue).archive]
-                archive_copies(using, archived, Outcome.ACKED, worker, results)
+                archive_copies(using, archived, Outcome.ACKED, worker, kept, notes)
                 self.filter(pk__in=owned)._raw_delete(using)
             return owned
 
@@ -584,9 +609,17 @@ class Message(ConsumerActions, models.Model):
         """After ``enqueue``: True if the call inserted this message, False if it found its key live."""
         return getattr(self, "_dbqueue_created", False)
 
+    def max_attempts_allowed(self) -> int:
+        """The message's own MAX_ATTEMPTS, else its queue's."""
+        return self.max_attempts or queue_options(self.queue).max_attempts
+
     def attempts_left(self) -> bool:
-        """Whether another attempt is allowed after this one (the one rule; the claim's SQL is ``exhausted``)."""
-        return self.attempts < (self.max_attempts or queue_options(self.queue).max_attempts)
+        """Whether another attempt is allowed after this one.
+
+        The one rule for "attempts used up", in Python; :func:`exhausted` is
+        the same rule in SQL, for the claim and the reaper.
+        """
+        return self.attempts < self.max_attempts_allowed()
 
     def defer(self, until: datetime | None = None, *, delay: float | timedelta | None = None) -> bool:  # type: ignore[override]
         """Deprecated alias of :meth:`snooze` (``defer`` is also the name of Django's ``QuerySet.defer``)."""

@@ -17,7 +17,6 @@ from django.db import connections
 
 from ..db.clock import compile_now
 from ..db.sql import insert_returns_ids, json_param
-from ..validation import json_problem
 
 if TYPE_CHECKING:
     from .messages import Message
@@ -45,10 +44,19 @@ COPIED = (
 )
 
 
-def archive_copies(using: str, ids: list[int], outcome: str, worker: str, results: Mapping[int, Any]) -> int:
+def archive_copies(
+    using: str,
+    ids: list[int],
+    outcome: str,
+    worker: str,
+    results: Mapping[int, Any],
+    errors: Mapping[int, str] | None = None,
+) -> int:
     """Copy live messages ``ids`` into the archive as ``outcome``; returns the rows written.
 
-    ``results`` holds handlers' return values by message id (kept when they are JSON).
+    ``results`` holds handlers' return values by message id, already made
+    storable (:func:`~django_dbqueue.validation.storable_result`); ``errors``
+    replaces ``last_error`` for some ids (a note that a result was not kept).
     The caller deletes the live rows in the same transaction.
     """
     if not ids:
@@ -57,9 +65,17 @@ def archive_copies(using: str, ids: list[int], outcome: str, worker: str, result
     qn = connection.ops.quote_name
     now_sql, now_params = compile_now(using)
     columns = ", ".join(qn(c) for c in COPIED)
+    copied = columns
+    error_params: list[Any] = []
+    errors = {pk: text for pk, text in (errors or {}).items() if pk in ids}
+    if errors:
+        cases = " ".join("WHEN %s THEN %s" for _ in errors)
+        copied = ", ".join(f"CASE {qn('id')} {cases} ELSE {qn(c)} END" if c == "last_error" else qn(c) for c in COPIED)
+        for pk, text in errors.items():
+            error_params += [pk, text]
     finished_by = "%s" if worker else qn("claimed_by")
     result_sql, result_params = "NULL", []
-    kept = {pk: r for pk, r in results.items() if pk in ids and r is not None and json_problem(r, "result") is None}
+    kept = {pk: r for pk, r in results.items() if pk in ids and r is not None}
     if kept:
         cases = " ".join(f"WHEN %s THEN {json_param(using)}" for _ in kept)
         result_sql = f"CASE {qn('id')} {cases} ELSE NULL END"
@@ -69,10 +85,10 @@ def archive_copies(using: str, ids: list[int], outcome: str, worker: str, result
         f"INSERT INTO {qn(ARCHIVE_TABLE)} "
         f"({qn('message_id')}, {columns}, {qn('finished_at')}, {qn('outcome')}, {qn('finished_by')}, "
         f"{qn('result')}, {qn('replayed_by')}) "
-        f"SELECT {qn('id')}, {columns}, {now_sql}, %s, {finished_by}, {result_sql}, '' "
+        f"SELECT {qn('id')}, {copied}, {now_sql}, %s, {finished_by}, {result_sql}, '' "
         f"FROM {qn(MESSAGE_TABLE)} WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))})"
     )
-    params = [*now_params, outcome, *([worker] if worker else []), *result_params, *ids]
+    params = [*error_params, *now_params, outcome, *([worker] if worker else []), *result_params, *ids]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount

@@ -42,6 +42,14 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
         """Workers whose last heartbeat is older than ``after`` seconds, by the database clock."""
         return self.filter(last_heartbeat_at__lt=DbNow(-after))
 
+    def lock_if_stale(self, name: str, after: float) -> bool:
+        """Lock worker ``name``'s row if it is still stale; call inside a transaction.
+
+        A heartbeat that arrives meanwhile waits for the caller's commit (and
+        then finds no row, and registers again).
+        """
+        return self.select_for_update().stale(after).filter(name=name).exists()
+
     def unregister(self, name: str) -> None:
         self.filter(name=name).delete()
 
