@@ -17,7 +17,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Case, CharField, QuerySet, Value, When
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -32,7 +32,6 @@ from .exceptions import DbQueueError
 from .models import ArchivedMessage, DeadLetter, Message, MessageState, QueueStat, QueueState, Subscription
 from .overview import build_overview, format_age
 from .paginator import EstimatingPaginator
-from .vendor import DbNow
 
 PERMISSIONS = {
     "cancel": "django_dbqueue.cancel_message",
@@ -103,12 +102,7 @@ class StateFilter(admin.SimpleListFilter):
         return list(MessageState.choices)
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        named = {
-            MessageState.READY: queryset.ready,
-            MessageState.SCHEDULED: queryset.scheduled,
-            MessageState.IN_FLIGHT: queryset.in_flight,
-        }
-        return named[self.value()]() if self.value() in named else queryset
+        return queryset.in_state(self.value()) if self.value() in MessageState.values else queryset
 
 
 # --- shared behaviour ----------------------------------------------------------
@@ -242,20 +236,7 @@ class MessageAdmin(ReadOnlyQueueAdmin):
     readonly_fields = flat(fields)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        now = DbNow()
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                db_now=now,
-                current_state=Case(
-                    When(available_at__lte=now, then=Value(MessageState.READY.value)),
-                    When(lease_token__isnull=True, then=Value(MessageState.SCHEDULED.value)),
-                    default=Value(MessageState.IN_FLIGHT.value),
-                    output_field=CharField(),
-                ),
-            )
-        )
+        return super().get_queryset(request).with_state()
 
     @admin.display(description="state", ordering="current_state")
     def state(self, obj: Message) -> str:
@@ -433,7 +414,7 @@ class DeadLetterAdmin(ArchiveAdmin):
         """Where a message is now: live (its page) or finished (its archive rows)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        if Message.objects.filter(pk=message_id).exists():
+        if isinstance(Message.objects.locate(message_id), Message):
             return HttpResponseRedirect(reverse("admin:django_dbqueue_message_change", args=[message_id]))
         return HttpResponseRedirect(
             f"{reverse('admin:django_dbqueue_archivedmessage_changelist')}?message_id={message_id}"

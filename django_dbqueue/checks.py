@@ -13,9 +13,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.core.checks import Error, Tags, Warning, register
-from django.db import connections
 
 from .conf import find_problems, get_settings, raw_setting
+from .db import capabilities
 
 DOCS = "docs/settings.md"
 
@@ -69,10 +69,7 @@ def check_databases(app_configs: Any = None, databases: Any = None, **kwargs: An
     """Run only with ``--database`` (Django does not touch databases otherwise)."""
     messages: list[Error | Warning] = []
     for alias in sorted(_queue_databases() & set(databases or ())):
-        connection = connections[alias]
-        if connection.vendor == "sqlite":
-            continue
-        if not connection.features.has_select_for_update_skip_locked:
+        if capabilities.lacks_skip_locked(alias):
             messages.append(
                 Error(
                     f"database {alias!r} cannot SELECT ... FOR UPDATE SKIP LOCKED; "
@@ -81,7 +78,7 @@ def check_databases(app_configs: Any = None, databases: Any = None, **kwargs: An
                     id="django_dbqueue.E002",
                 )
             )
-        if connection.vendor == "mysql" and _isolation_level(alias) == "REPEATABLE-READ":
+        if capabilities.runs_repeatable_read(alias):
             messages.append(
                 Warning(
                     f"database {alias!r} runs at REPEATABLE READ; queue operations want READ COMMITTED "
@@ -93,12 +90,3 @@ def check_databases(app_configs: Any = None, databases: Any = None, **kwargs: An
                 )
             )
     return messages
-
-
-def _isolation_level(alias: str) -> str:
-    connection = connections[alias]
-    # MariaDB names it tx_isolation; MySQL 8 removed that name.
-    variable = "tx_isolation" if connection.mysql_is_mariadb else "transaction_isolation"
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT @@SESSION.{variable}")
-        return str(cursor.fetchone()[0]).upper()

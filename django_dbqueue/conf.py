@@ -17,7 +17,8 @@ The rest of the app asks :func:`get_settings` (global values) or
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,17 +26,30 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .exceptions import ImproperlyConfiguredQueue
+from .exceptions import ImproperlyConfiguredQueue, InvalidOption
+from .validation import MAX_DELAY_SECONDS
+
+# Upper bounds of the settings that are durations, in seconds: a value past
+# them is a typo (minutes for seconds) or would overflow a timestamp.
+HOUR = 3600.0
+DAY = 24 * HOUR
+WEEK = 7 * DAY
 
 
-def _number(minimum: float, *, allow_none: bool = False) -> Callable[[Any], str | None]:
+def _number(minimum: float, maximum: float | None = None, *, allow_none: bool = False) -> Callable[[Any], str | None]:
+    """A finite number in [minimum, maximum]: NaN and infinity are refused, like values past the maximum."""
+
     def check(value: Any) -> str | None:
         if value is None and allow_none:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"must be a number, not {type(value).__name__}"
+        if not math.isfinite(value):
+            return f"must be a finite number, not {value!r}"
         if value < minimum:
             return f"must be >= {minimum}, not {value!r}"
+        if maximum is not None and value > maximum:
+            return f"must be <= {maximum:g}, not {value!r}"
         return None
 
     return check
@@ -111,31 +125,32 @@ def _topics(value: Any) -> str | None:
 # Keys that may be set globally and overridden per queue: (default, validator).
 QUEUE_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     "DATABASE": ("default", _alias),
-    "VISIBILITY_TIMEOUT": (300, _number(0.1)),
-    "MAX_ATTEMPTS": (5, _integer(1)),
-    "BACKOFF_BASE": (2.0, _number(0)),
-    "BACKOFF_MAX": (3600.0, _number(0)),
+    "VISIBILITY_TIMEOUT": (300, _number(0.1, WEEK)),
+    # The attempts column holds up to 32767, like a message's own max_attempts.
+    "MAX_ATTEMPTS": (5, _integer(1, 32767)),
+    "BACKOFF_BASE": (2.0, _number(0, MAX_DELAY_SECONDS)),
+    "BACKOFF_MAX": (3600.0, _number(0, MAX_DELAY_SECONDS)),
     "BACKOFF_JITTER": (0.2, _fraction),
     "ARCHIVE": (True, _boolean),
-    "RETENTION_DAYS": (30, _number(0, allow_none=True)),
+    "RETENTION_DAYS": (30, _number(0, 36500, allow_none=True)),
     "UNHANDLED": ("dead", _choice("dead", "keep")),
 }
 
 # Keys that only make sense globally.
 GLOBAL_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
-    "TRANSIENT_RETRIES": (5, _integer(0)),
-    "ENQUEUE_BATCH_SIZE": (500, _integer(1)),
+    "TRANSIENT_RETRIES": (5, _integer(0, 100)),
+    "ENQUEUE_BATCH_SIZE": (500, _integer(1, 10_000)),
     # A worker writes its heartbeat (and extends the leases of what it runs)
     # this often; the reaper treats it as dead after WORKER_STALE_AFTER
     # seconds of silence and gives its messages back.
-    "HEARTBEAT_INTERVAL": (2.0, _number(0.1)),
-    "WORKER_STALE_AFTER": (8.0, _number(1)),
-    "POLL_INTERVAL": (0.1, _number(0.01)),
-    "MAX_POLL_INTERVAL": (2.0, _number(0.01)),
-    "SHUTDOWN_GRACE": (30.0, _number(0)),
-    "LOG_INTERVAL": (60.0, _number(1)),
-    "REAP_INTERVAL": (2.0, _number(0.1)),
-    "REAP_BATCH_SIZE": (1000, _integer(1)),
+    "HEARTBEAT_INTERVAL": (2.0, _number(0.1, HOUR)),
+    "WORKER_STALE_AFTER": (8.0, _number(1, DAY)),
+    "POLL_INTERVAL": (0.1, _number(0.01, HOUR)),
+    "MAX_POLL_INTERVAL": (2.0, _number(0.01, HOUR)),
+    "SHUTDOWN_GRACE": (30.0, _number(0, DAY)),
+    "LOG_INTERVAL": (60.0, _number(1, DAY)),
+    "REAP_INTERVAL": (2.0, _number(0.1, DAY)),
+    "REAP_BATCH_SIZE": (1000, _integer(1, 100_000)),
     # Topics and the queues subscribed to them, beside the Subscription table.
     "TOPICS": ({}, _topics),
     # The JDBC drivers ``manage.py queueanalytics`` gives Spark (spark.jars);
@@ -261,6 +276,25 @@ def get_settings() -> DbQueueSettings:
 
 def queue_options(queue: str) -> QueueOptions:
     return get_settings().for_queue(queue)
+
+
+def database_for(queues: str | Iterable[str], using: str | None = None) -> str:
+    """The one database that ``queues`` live on (``using`` overrides the DATABASE setting).
+
+    Several queues must share one: a claim, a worker or a Tasks backend works
+    in one database's transactions. Raises InvalidOption naming them otherwise.
+    """
+    if using:
+        return using
+    names = [queues] if isinstance(queues, str) else list(queues)
+    if not names:
+        return get_settings().defaults.database
+    placed = {name: queue_options(name).database for name in names}
+    databases = set(placed.values())
+    if len(databases) > 1:
+        where = ", ".join(f"{name!r} on {alias!r}" for name, alias in sorted(placed.items()))
+        raise InvalidOption(f"queues live on different databases ({where}); use them from each separately")
+    return databases.pop()
 
 
 # --- TASKS backends ------------------------------------------------------------

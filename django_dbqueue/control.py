@@ -11,13 +11,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import signals, validation
-from .exceptions import AlreadyReplayed, DuplicateKey, InvalidOption
-from .models import ArchivedMessage, Message, Outcome, QueueState
-from .operations import _finish, build_message, insert_message
-from .transient import with_retries
-from .vendor import DbNow, write_transaction
-
-REPLAYABLE = {Outcome.DEAD, Outcome.EXPIRED, Outcome.CANCELLED}
+from .models import ArchivedMessage, Message, Outcome, QueueState, events
+from .operations import build_message, finish
 
 
 def replay(archived: ArchivedMessage, *, by: str = "", payload: Any = None, force: bool = False) -> Message:
@@ -30,48 +25,17 @@ def replay(archived: ArchivedMessage, *, by: str = "", payload: Any = None, forc
     using = archived._state.db or "default"
     new_payload = archived.payload if payload is None else validation.validate_payload(payload)
 
-    def run() -> Message:
-        with write_transaction(using):
-            row = ArchivedMessage.objects.using(using).select_for_update().get(pk=archived.pk)
-            if row.outcome not in REPLAYABLE and not force:
-                raise InvalidOption(
-                    f"archived message {row.pk} is {row.outcome}; only dead, expired or cancelled messages "
-                    "are replayed (force=True to replay anyway)"
-                )
-            if row.replayed_at is not None and not force:
-                raise AlreadyReplayed(
-                    f"archived message {row.pk} was replayed at {row.replayed_at:%Y-%m-%d %H:%M:%S} "
-                    f"by {row.replayed_by or 'someone'} as message {row.replayed_as}; force=True replays it again"
-                )
-            message, _ = build_message(
-                row.queue,
-                new_payload,
-                {
-                    "kind": row.kind,
-                    "key": row.key,
-                    "headers": row.headers,
-                    "priority": row.priority,
-                    "max_attempts": row.max_attempts,
-                },
-            )
-            message.replay_of = row.pk
-            insert_message(message, None, using)
-            if not message.was_created:
-                raise DuplicateKey(
-                    f"key {row.key!r} is live in queue {row.queue!r} as message {message.pk}; "
-                    "finish or cancel that one before replaying"
-                )
-            ArchivedMessage.objects.using(using).filter(pk=row.pk).update(
-                replayed_at=DbNow(), replayed_by=by, replayed_as=message.pk
-            )
-            archived.replayed_by, archived.replayed_as = by, message.pk
-            return message
+    def build(row: ArchivedMessage) -> Message:
+        options = {"kind": row.kind, "key": row.key, "headers": row.headers, "priority": row.priority}
+        message, _ = build_message(row.queue, new_payload, {**options, "max_attempts": row.max_attempts})
+        return message
 
-    message = with_retries(using, run, what=f"replay of archived message {archived.pk}")
-    if signals.listened(signals.message_replayed):
+    message = ArchivedMessage.objects.using(using).replay(archived.pk, build, by=by, force=force)
+    archived.replayed_by, archived.replayed_as = by, message.pk
+    if events.listened(signals.message_replayed):
         archived.refresh_from_db(using=using)
         event = {"message": message, "queue": message.queue, "archived": archived, "by": by}
-        signals.send(signals.message_replayed, using, [event])
+        events.send(signals.message_replayed, using, [event])
     return message
 
 
@@ -80,55 +44,24 @@ def cancel(message: Message, *, by: str = "") -> bool:
 
     A worker still running it will find its lease lost when it acknowledges.
     """
-    using = message._state.db or "default"
-    return _finish(
-        message,
-        Outcome.CANCELLED,
-        leased=Message.objects.using(using).filter(pk=message.pk),
-        worker=by,
-        error=f"cancelled by {by}" if by else "cancelled",
-    )
+    return finish(message, Outcome.CANCELLED, match="id", worker=by, error=f"cancelled by {by}" if by else "cancelled")
 
 
 def run_now(message: Message) -> bool:
     """Make a scheduled (or backing-off) message ready now. In-flight messages are left alone."""
-    using = message._state.db or "default"
-    return with_retries(
-        using,
-        lambda: (
-            Message.objects.using(using).filter(pk=message.pk, lease_token__isnull=True).update(available_at=DbNow())
-            == 1
-        ),
-        what="run now",
-    )
+    return Message.objects.using(message._state.db or "default").run_now(message.pk)
 
 
 def release_lease(message: Message) -> bool:
-    """Take an in-flight message back from its worker: ready now, under a new claim later."""
+    """Take an in-flight message back from its worker: ready again in its place, under a new claim later."""
     using = message._state.db or "default"
-    return with_retries(
-        using,
-        lambda: (
-            Message.objects.using(using)
-            .filter(pk=message.pk, lease_token__isnull=False)
-            .update(lease_token=None, available_at=DbNow(), claimed_by="")
-            == 1
-        ),
-        what="release lease",
-    )
+    return Message.objects.using(using).filter(pk=message.pk).give_back(count_attempt=True) == 1
 
 
 def set_paused(queue: str, paused: bool, *, by: str = "", using: str = "default") -> QueueState:
     """Pause or resume a queue; workers stop claiming from a paused queue."""
     validation.validate_queue_name(queue)
-
-    def run() -> QueueState:
-        with write_transaction(using):
-            return QueueState.objects.using(using).update_or_create(
-                queue=queue, defaults={"paused": paused, "changed_by": by}
-            )[0]
-
-    return with_retries(using, run, what="pause")
+    return QueueState.objects.using(using).set_paused(queue, paused, by)
 
 
 def purge(ids: Iterable[int], *, using: str = "default") -> int:
@@ -137,9 +70,4 @@ def purge(ids: Iterable[int], *, using: str = "default") -> int:
     Only dead rows: acked, expired and cancelled history is the reaper's to
     prune (RETENTION_DAYS), so a purge never loses it by a wrong selection.
     """
-    ids = list(ids)
-    return with_retries(
-        using,
-        lambda: ArchivedMessage.objects.using(using).filter(pk__in=ids, outcome=Outcome.DEAD).delete()[0],
-        what="purge",
-    )
+    return ArchivedMessage.objects.using(using).purge_dead(ids)

@@ -27,7 +27,6 @@ from typing import Any
 from .conf import get_settings, queue_options
 from .handlers import Defer, Handler, Reject, Retry, find_handler
 from .models import Message
-from .operations import attempts_left
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -82,12 +81,12 @@ def decide(message: Message, *, worker: str = "", handler: Handler | None = None
         return verdict(Outcome.REJECTED, partial(message.reject, requeue=False, reason=exc.reason))
     except Retry as exc:
         reason = exc.reason or "retry requested"
-        if not attempts_left(message):
+        if not message.attempts_left():
             reason = f"{reason}; no attempts left ({message.attempts} made)"
             return verdict(Outcome.REJECTED, partial(message.reject, requeue=False, reason=reason))
         return verdict(Outcome.RETRIED, partial(message.reject, delay=exc.delay, reason=reason))
     except Defer as exc:
-        return verdict(Outcome.DEFERRED, partial(message.defer, exc.until, delay=exc.delay))
+        return verdict(Outcome.DEFERRED, partial(message.snooze, exc.until, delay=exc.delay))
     except Exception as exc:
         logger.debug("message %s of %s failed: %r", message.pk, message.queue, exc)
         return verdict(Outcome.FAILED, partial(message.fail, exc))
@@ -103,5 +102,5 @@ def _unhandled(message: Message) -> Verdict:
     reason = f"no handler for queue {message.queue!r}, kind {message.kind!r}"
     if queue_options(message.queue).unhandled == "keep":
         # Leave it for a worker that has the handler; look again after a poll.
-        return Verdict(Outcome.UNHANDLED, partial(message.defer, delay=get_settings().max_poll_interval))
+        return Verdict(Outcome.UNHANDLED, partial(message.snooze, delay=get_settings().max_poll_interval))
     return Verdict(Outcome.UNHANDLED, partial(message.reject, requeue=False, reason=reason))

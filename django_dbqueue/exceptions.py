@@ -1,7 +1,12 @@
 """Every error django-dbqueue raises on purpose.
 
-Each exception names the problem in its message. They are raised before
-anything is written, so catching one means the database is unchanged.
+Each exception names the problem in its message. The input errors
+(``InvalidQueueName``, ``PayloadNotSerializable``, ``InvalidOption``,
+``UnknownOption``, ``NotClaimed``, ``DuplicateKey``, ``AlreadyReplayed``,
+``ImproperlyConfiguredQueue``) are raised before anything is written, so
+catching one means the database is unchanged. The others report on work
+that did run: a command that failed, a request that got no reply, a task
+that did not complete.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ class UnknownOption(DbQueueError, TypeError):
 class LeaseLost(DbQueueError):
     """The message's lease expired or was taken over: the change was not made.
 
-    Raised only by the ``*_or_raise`` style helpers; the plain operations
-    return ``False`` instead, so a worker can carry on.
+    For callers who prefer an exception: no function of django-dbqueue
+    raises it; the consumer operations return ``False`` instead, so a worker
+    can carry on.
     """
 
 

@@ -25,10 +25,10 @@ from django.db import models, transaction
 from django.db.models.signals import post_delete, post_save
 
 from . import validation
-from .conf import queue_options
+from .conf import database_for
 from .exceptions import InvalidOption, UnknownOption
 from .models import Message
-from .operations import ENQUEUE_OPTIONS, announce_enqueued, build_message, insert_many
+from .operations import ENQUEUE_OPTIONS, build_message, enqueue_built
 
 # Options a rule passes to enqueue()/publish(); each may be a value or a callable of the instance.
 RULE_OPTIONS = ENQUEUE_OPTIONS - {"kind", "key"}
@@ -86,7 +86,7 @@ class OutboxRule:
 
             return build_copies(self.topic, payload, options)
         message, delay = build_message(self.queue, payload, options)
-        return [(message, delay)], options.get("using") or queue_options(self.queue).database
+        return [(message, delay)], database_for(self.queue, options.get("using"))
 
     def receive(self, sender: type[models.Model], instance: models.Model, using: str, **kwargs: Any) -> None:
         if kwargs.get("raw"):  # loaddata: fixtures are not business events
@@ -110,8 +110,7 @@ def _write(pending: list[tuple[Message, float | None]], target: str | None, sour
         return
 
     def write() -> None:
-        messages = insert_many(pending, target)
-        announce_enqueued(messages, target)
+        enqueue_built(pending, target)
 
     if target == source:
         write()  # inside the save's transaction, when it has one
@@ -278,8 +277,7 @@ def enqueue_saved(instances: Iterable[models.Model], *, created: bool = False) -
     written: list[Message] = []
     for (target, source), batch in pending.items():
         if target == source:
-            messages = insert_many(batch, target)
-            announce_enqueued(messages, target)
+            messages = enqueue_built(batch, target)
             written += messages
         else:
             _write(batch, target, source)

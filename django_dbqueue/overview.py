@@ -16,8 +16,8 @@ from django.db.models.functions import TruncHour
 
 from . import handlers
 from .conf import get_settings
+from .db.clock import db_now
 from .models import ArchivedMessage, Message, Outcome, QueueStat, QueueState, Worker
-from .vendor import db_now
 
 HOURS = 24
 

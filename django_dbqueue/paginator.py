@@ -14,7 +14,7 @@ from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
 
-from .vendor import estimated_row_count
+from .db.stats import estimated_row_count
 
 
 class EstimatingPaginator(Paginator):

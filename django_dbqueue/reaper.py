@@ -13,7 +13,7 @@ Each pass, under a database lock so that only one reaper acts at a time:
 4. archive rows older than their queue's ``RETENTION_DAYS`` are deleted, in
    batches of ``REAP_BATCH_SIZE`` so no statement holds locks for long;
 5. on PostgreSQL, the live table is analysed when much of it changed, so the
-   claim keeps walking its index (see ``vendor.refresh_statistics``).
+   claim keeps walking its index (see ``db.stats.refresh_statistics``).
 """
 
 from __future__ import annotations
@@ -22,18 +22,25 @@ import logging
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
-from django.db import connections
 from django.db.models import Q
 
 from . import signals
 from .conf import get_settings, queue_options
-from .models import ArchivedMessage, Message, Outcome, Worker
-from .operations import archive_row
-from .transient import with_retries
-from .vendor import DbNow, db_now, refresh_statistics, try_lock, write_transaction
+from .db import transactions
+from .db.clock import db_now
+from .db.errors import with_retries
+from .db.stats import refresh_statistics
+from .db.transactions import write_transaction
+from .models import ArchivedMessage, Message, Outcome, Worker, events
+from .operations import finish
 
 logger = logging.getLogger("django_dbqueue")
 LOCK_NAME = "django_dbqueue.reaper"
+
+
+def lock_name(using: str) -> str:
+    """The lock one reaper pass holds on database ``using``."""
+    return transactions.lock_name(using, LOCK_NAME)
 
 
 @dataclass
@@ -59,12 +66,6 @@ class ReapReport:
         )
 
 
-def lock_name(using: str) -> str:
-    """MySQL's lock names are server-wide: name the database, so reapers of different
-    databases on one server do not skip each other's passes."""
-    return f"{LOCK_NAME}:{connections[using].settings_dict['NAME']}"[:64]
-
-
 class Reaper:
     def __init__(self, using: str = "default", batch_size: int | None = None) -> None:
         self.using = using
@@ -72,7 +73,7 @@ class Reaper:
 
     def run_once(self) -> ReapReport | None:
         """One pass; None when another reaper holds the lock."""
-        with try_lock(self.using, lock_name(self.using)) as held:
+        with transactions.try_lock(self.using, lock_name(self.using)) as held:
             if not held:
                 return None
             report = ReapReport()
@@ -86,35 +87,41 @@ class Reaper:
     # --- the steps -------------------------------------------------------------
 
     def release_stale_workers(self, report: ReapReport) -> None:
+        """Give back the messages of workers whose heartbeat went silent, one worker per transaction.
+
+        The worker's row is locked and checked stale again inside the
+        transaction: a worker whose heartbeat returns meanwhile keeps its claims.
+        """
         stale_after = get_settings().worker_stale_after
-        stale = list(
-            Worker.objects.using(self.using)
-            .filter(last_heartbeat_at__lt=DbNow(-stale_after))
-            .values_list("name", flat=True)
-        )
-        for name in stale:
-            held = Message.objects.using(self.using).filter(claimed_by=name, lease_token__isnull=False)
-            for message in held:
-                if message.attempts >= (message.max_attempts or queue_options(message.queue).max_attempts):
-                    report.poison += self._dead(message, f"worker {name} stopped answering during its last attempt")
-            report.released += with_retries(
-                self.using,
-                lambda name=name: (
-                    Message.objects.using(self.using)
-                    .filter(claimed_by=name, lease_token__isnull=False)
-                    .update(lease_token=None, available_at=DbNow(), claimed_by="")
-                ),
-                what="release of a stale worker's messages",
+        for name in list(Worker.objects.using(self.using).stale(stale_after).values_list("name", flat=True)):
+            counts = with_retries(
+                self.using, lambda name=name: self._release_worker(name, stale_after), what="release of a stale worker"
             )
-            Worker.objects.using(self.using).filter(name=name, last_heartbeat_at__lt=DbNow(-stale_after)).delete()
+            if counts is None:
+                continue  # it came back
+            poison, released = counts
+            report.poison += poison
+            report.released += released
+            report.stale_workers += 1
             logger.warning("reaper: worker %s stopped answering; its messages are back in the queue", name)
-        report.stale_workers += len(stale)
+
+    def _release_worker(self, name: str, stale_after: float) -> tuple[int, int] | None:
+        with write_transaction(self.using):
+            if not Worker.objects.using(self.using).lock_if_stale(name, stale_after):
+                return None
+            poison = 0
+            for message in Message.objects.using(self.using).filter(claimed_by=name, lease_token__isnull=False):
+                if not message.attempts_left():
+                    poison += self._dead(message, f"worker {name} stopped answering during its last attempt")
+            released = Message.objects.using(self.using).release_from(name)
+            Worker.objects.using(self.using).unregister(name)
+            return poison, released
 
     def dead_letter_poison(self) -> int:
         """Dead-letter messages whose lease ran out on their last attempt."""
         done = 0
         messages = Message.objects.using(self.using)
-        queues = messages.filter(lease_token__isnull=False, available_at__lte=DbNow()).values_list("queue", flat=True)
+        queues = messages.filter(lease_token__isnull=False).ready().values_list("queue", flat=True)
         for queue in sorted(set(queues)):
             # Each queue by its own MAX_ATTEMPTS default, in SQL, so a crowd of ordinary
             # expired leases cannot hide the poison ones from a batch.
@@ -125,66 +132,34 @@ class Reaper:
         return done
 
     def _dead(self, message: Message, reason: str) -> int:
-        """Archive one held message as dead, only if nobody changed it since we read it."""
-        from .operations import _finish
-
+        """Archive one held message as dead, only if nobody changed its lease since we read it."""
         message.last_error = f"{message.last_error}\n{reason}".strip()
-        leased = Message.objects.using(self.using).filter(pk=message.pk, lease_token=message.lease_token)
-        return int(_finish(message, Outcome.DEAD, leased=leased, worker="reaper", error=message.last_error))
+        return int(finish(message, Outcome.DEAD, match="token", worker="reaper", error=message.last_error))
 
     def expire(self) -> int:
         """Archive, as expired, messages past ``expires_at`` that no worker holds."""
         total = 0
         while True:
-            messages, rows = with_retries(self.using, self._expire_batch, what="expiry")
+            messages, rows = Message.objects.using(self.using).expire_batch(self.batch_size)
             total += len(messages)
-            if messages and signals.listened(signals.message_expired):
-                archived = signals.settle(rows, self.using)
-                events = [
-                    {"message": m, "queue": m.queue, "archived": a} for m, a in zip(messages, archived, strict=True)
-                ]
-                signals.send(signals.message_expired, self.using, events)
+            if messages and events.listened(signals.message_expired):
+                archived = events.settle(rows, self.using)
+                for message, row in zip(messages, archived, strict=True):
+                    events.finished(message, Outcome.EXPIRED, row, {})
             if len(messages) < self.batch_size:
                 return total
-
-    def _expire_batch(self) -> tuple[list[Message], list[ArchivedMessage]]:
-        with write_transaction(self.using):
-            rows = list(
-                Message.objects.using(self.using)
-                .select_for_update(skip_locked=True)
-                .filter(expires_at__lte=DbNow())
-                .filter(Q(lease_token__isnull=True) | Q(available_at__lte=DbNow()))
-                .order_by("expires_at")[: self.batch_size]
-            )
-            if not rows:
-                return [], []
-            Message.objects.using(self.using).filter(pk__in=[m.pk for m in rows])._raw_delete(self.using)
-            archived = [archive_row(m, Outcome.EXPIRED, worker="reaper", error=m.last_error) for m in rows]
-            ArchivedMessage.objects.using(self.using).bulk_create(archived)
-            return rows, archived
 
     def prune(self) -> int:
         """Delete archive rows past their queue's retention, a batch at a time."""
         dbq = get_settings()
         now = db_now(self.using)
-        total = 0
         configured = dict(dbq.queues)
         # Each configured queue by its own retention; all others by the default.
         targets = [(Q(queue=name), options.retention_days) for name, options in configured.items()]
         targets.append((~Q(queue__in=list(configured)), dbq.defaults.retention_days))
-        for match, days in targets:
-            if days is None:
-                continue
-            old = ArchivedMessage.objects.using(self.using).filter(match, finished_at__lt=now - timedelta(days=days))
-            while True:
-                ids = list(old.order_by("finished_at").values_list("pk", flat=True)[: self.batch_size])
-                if not ids:
-                    break
-                total += with_retries(
-                    self.using,
-                    lambda ids=ids: (
-                        ArchivedMessage.objects.using(self.using).filter(pk__in=ids)._raw_delete(self.using)
-                    ),
-                    what="archive pruning",
-                )
-        return total
+        archive = ArchivedMessage.objects.using(self.using)
+        return sum(
+            archive.prune(match, now - timedelta(days=days), self.batch_size)
+            for match, days in targets
+            if days is not None
+        )

@@ -19,11 +19,11 @@ from typing import Any
 from django.db import connections
 
 from . import validation
-from .conf import queue_options
+from .conf import database_for
+from .db.clock import db_now
 from .exceptions import InvalidOption, RequestFailed, RequestTimeout
 from .models import ArchivedMessage, Message, Outcome
 from .operations import enqueue
-from .vendor import db_now
 
 REPLY_QUEUE_PREFIX = "reply."
 FIRST_POLL = 0.005  # seconds; waits double from here up to poll_interval
@@ -55,7 +55,7 @@ def request(
     """
     seconds = validation.seconds(timeout, "timeout", allow_zero=False)
     interval = validation.seconds(poll_interval, "poll_interval", allow_zero=False)
-    using = using or queue_options(validation.validate_queue_name(queue)).database
+    using = database_for(validation.validate_queue_name(queue), using)
     if connections[using].in_atomic_block:
         raise InvalidOption(
             "request() waits for another process to answer, but it runs inside transaction.atomic(): "
@@ -94,7 +94,7 @@ def request(
             raise RequestFailed(f"request {sent.pk} on queue {queue!r} was {failed.outcome} without a reply: {error}")
         time.sleep(min(wait, max(deadline - time.monotonic(), 0)))
         wait = min(wait * 2, interval)
-    Message.objects.using(using).filter(queue=reply_to).delete()  # a reply that raced the deadline
+    Message.objects.using(using).for_queue(reply_to).delete()  # a reply that raced the deadline
     raise RequestTimeout(
         f"no reply to request {sent.pk} on queue {queue!r} within {seconds:g}s (correlation id {correlation_id})"
     )
@@ -102,20 +102,14 @@ def request(
 
 def _take_reply(reply_to: str, using: str) -> Message | None:
     """Take the reply off its queue, if it came. Only this requester reads the queue: no lock needed."""
-    found = Message.objects.using(using).filter(queue=reply_to).order_by("id").first()
-    if found is None:
-        return None
-    Message.objects.using(using).filter(pk=found.pk)._raw_delete(using)
-    return found
+    return Message.objects.using(using).take_first(reply_to)
 
 
 def _failed(sent: Message, using: str) -> ArchivedMessage | None:
     """The request's archive row if it finished other than acked (dead, cancelled, expired)."""
-    if Message.objects.using(using).filter(pk=sent.pk).exists():
-        return None
-    row = ArchivedMessage.objects.using(using).filter(message_id=sent.pk).order_by("-id").first()
-    # Acked: the reply is on its way, or the handler answers some other way; keep waiting.
-    return None if row is None or row.outcome == Outcome.ACKED else row
+    row = Message.objects.using(using).locate(sent.pk)
+    # Live, or acked (the reply is on its way, or the handler answers some other way): keep waiting.
+    return row if isinstance(row, ArchivedMessage) and row.outcome != Outcome.ACKED else None
 
 
 def reply(message: Message, payload: Any, *, headers: dict[str, Any] | None = None) -> Message:
@@ -131,6 +125,14 @@ def reply(message: Message, payload: Any, *, headers: dict[str, Any] | None = No
         raise InvalidOption(
             f"message {message.pk} of queue {message.queue!r} has no reply_to and correlation_id headers: "
             "only messages sent with request() can be replied to"
+        )
+    if reply_to != reply_queue_name(correlation_id):
+        # Headers come from whoever produced the message: a reply goes only
+        # to the private queue request() made for it, never to a queue a
+        # header happens to name.
+        raise InvalidOption(
+            f"message {message.pk} names {reply_to!r} as its reply_to, which is not the reply queue "
+            f"request() makes for its correlation id ({reply_queue_name(correlation_id)!r}); not replying"
         )
     headers = {**validation.validate_headers(headers), "correlation_id": correlation_id, "in_reply_to": message.pk}
     return enqueue(

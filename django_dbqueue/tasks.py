@@ -34,12 +34,11 @@ from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
 from . import handlers, taskframework
-from .conf import find_problems, queue_options, raw_setting, task_backend_options, task_backend_problems
+from .conf import database_for, find_problems, queue_options, raw_setting, task_backend_options, task_backend_problems
 from .exceptions import TaskNotCompleted
-from .models import ArchivedMessage, Message, Outcome
-from .operations import attempts_left, backoff_delay, enqueue, error_text
+from .models import ArchivedMessage, Message, MessageState, Outcome
+from .operations import backoff_delay, enqueue, error_text
 from .validation import queue_name_problem
-from .vendor import DbNow
 
 if taskframework.FRAMEWORK is None:
     raise ImportError(
@@ -94,7 +93,7 @@ class DatabaseQueueBackend(BaseTaskBackend):
     @property
     def database(self) -> str:
         """The database alias all of this backend's queues live on (DBQUEUE's per-queue DATABASE)."""
-        return queue_options(self.queue_names[0]).database
+        return database_for(self.queue_names)
 
     # --- producing -------------------------------------------------------------
 
@@ -137,23 +136,14 @@ class DatabaseQueueBackend(BaseTaskBackend):
         if pk is not None:
             # Live first: a task finishing meanwhile is archived in the same
             # transaction that deletes it, so a miss here finds it below.
-            live = (
-                Message.objects.using(self.database)
-                .filter(pk=pk, kind=TASK_KIND, queue__in=self.queue_names)
-                .annotate(db_now=DbNow())
-                .first()
+            found = (
+                Message.objects.using(self.database).with_state().locate(pk, kind=TASK_KIND, queue__in=self.queue_names)
             )
-            if live is not None:
-                running = bool(live.lease_token) and live.available_at > live.db_now
-                return self._result(None, live, TaskResultStatus.RUNNING if running else TaskResultStatus.READY)
-            row = (
-                ArchivedMessage.objects.using(self.database)
-                .filter(message_id=pk, kind=TASK_KIND, queue__in=self.queue_names)
-                .order_by("-id")
-                .first()
-            )
-            if row is not None:
-                return self._archived_result(row)
+            if isinstance(found, Message):
+                running = found.current_state == MessageState.IN_FLIGHT
+                return self._result(None, found, TaskResultStatus.RUNNING if running else TaskResultStatus.READY)
+            if found is not None:
+                return self._archived_result(found)
         raise TaskResultDoesNotExist(
             f"no task result with id {result_id!r} in queues {', '.join(self.queue_names)} "
             f"of backend {self.alias!r} (finished tasks are kept for their queue's RETENTION_DAYS, "
@@ -251,7 +241,7 @@ class DatabaseQueueBackend(BaseTaskBackend):
             raise
         except BaseException as exc:  # SystemExit in a task fails the task, not the worker
             error = TaskError(exception_class_path=_class_path(type(exc)), traceback=error_text(exc))
-            retry = attempts_left(message)
+            retry = message.attempts_left()
             result.errors.append(error)
             object.__setattr__(result, "status", TaskResultStatus.READY if retry else TaskResultStatus.FAILED)
             if not retry:

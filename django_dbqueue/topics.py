@@ -12,17 +12,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .conf import get_settings, queue_options
+from .conf import database_for, get_settings
 from .exceptions import InvalidOption
 from .models import Message, Subscription
-from .operations import announce_enqueued, build_message, insert_many
+from .operations import build_message, enqueue_built
 from .validation import validate_headers, validate_queue_name, validate_topic_name
 
 logger = logging.getLogger("django_dbqueue")
 
 
 def _subscription_database(using: str | None) -> str:
-    return using or get_settings().defaults.database
+    return database_for([], using)
 
 
 def subscribers(topic: str, *, using: str | None = None) -> list[str]:
@@ -75,16 +75,12 @@ def build_copies(
         # Validate anyway (topic names follow queue names' rules): a bad call fails whether or not anyone listens.
         build_message(topic, payload, options)
         return [], None
-    if using is None:
-        databases = {queue_options(queue).database: queue for queue in queues}
-        if len(databases) > 1:
-            raise InvalidOption(
-                f"topic {topic!r} has subscribers on different databases "
-                f"({', '.join(f'{q!r} on {db!r}' for db, q in sorted(databases.items()))}); "
-                "one publication is one transaction, so its queues must share a database"
-            )
-        using = next(iter(databases))
-    return copies, using
+    try:
+        return copies, database_for(queues, using)
+    except InvalidOption as exc:
+        raise InvalidOption(
+            f"topic {topic!r}: {exc} (one publication is one transaction, so its queues must share a database)"
+        ) from None
 
 
 def publish(topic: str, payload: Any, **options: Any) -> list[Message]:
@@ -98,6 +94,5 @@ def publish(topic: str, payload: Any, **options: Any) -> list[Message]:
     if using is None:
         logger.debug("published to topic %r, which has no subscribers", topic)
         return []
-    messages = insert_many(copies, using)
-    announce_enqueued(messages, using)
+    messages = enqueue_built(copies, using)
     return messages

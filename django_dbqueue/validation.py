@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from datetime import datetime, timedelta
@@ -56,31 +57,84 @@ def validate_queues(queues: str | list[str] | tuple[str, ...]) -> list[str]:
     return [validate_queue_name(name) for name in names]
 
 
-def json_problem(value: Any, path: str) -> str | None:
-    """Name the first part of ``value`` that is not plain JSON, or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{path} is {value!r}, which JSON cannot represent"
-    if isinstance(value, JSON_SCALARS):
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"{path} has a key {key!r} of type {type(key).__name__}; JSON object keys are strings"
-            if (why := json_problem(item, f"{path}[{key!r}]")) is not None:
+# Limits every database can store, documented in docs/reliability.md. JSON
+# nested deeper than MariaDB's JSON functions accept (32 levels) is refused
+# everywhere, with room to spare for the headers the queue adds; a payload
+# larger than MAX_JSON_BYTES would be refused by MySQL's max_allowed_packet
+# (16 MiB by default) once a batch of them is inserted together.
+MAX_JSON_DEPTH = 24
+MAX_JSON_BYTES = 1_000_000
+# The longest delay anything accepts: ten years. A delay past year 9999
+# overflows every database's timestamp.
+MAX_DELAY_SECONDS = 10 * 365 * 86400.0
+
+
+def text_problem(text: str, path: str) -> str | None:
+    """Why a string cannot be stored as given on every database, or None.
+
+    PostgreSQL refuses NUL in text and JSON; a lone surrogate is not UTF-8
+    and no driver encodes it. The other databases would store either, so the
+    same value would behave differently per database: refuse both everywhere.
+    """
+    if "\x00" in text:
+        return f"{path} holds a NUL character (\\x00), which PostgreSQL cannot store; remove or encode it"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"{path} holds a lone surrogate ({text[exc.start]!r} at {exc.start}), which is not valid UTF-8"
+    return None
+
+
+def json_problem(value: Any, path: str, *, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Name the first part of ``value`` that is not plain, storable JSON, or None.
+
+    Walks iteratively: a value nested thousands deep gets a clear refusal,
+    not a RecursionError.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, path, 1)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, str):
+            if (why := text_problem(item, where)) is not None:
                 return why
-        return None
-    if isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            if (why := json_problem(item, f"{path}[{index}]")) is not None:
-                return why
-        return None
-    return f"{path} is a {type(value).__name__} ({value!r:.60}), which is not JSON-serialisable"
+            continue
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{where} is {item!r}, which JSON cannot represent"
+        if isinstance(item, JSON_SCALARS):
+            continue
+        if not isinstance(item, dict | list | tuple):
+            return f"{where} is a {type(item).__name__} ({item!r:.60}), which is not JSON-serialisable"
+        if depth > max_depth:
+            return f"{path} is nested more than {max_depth} levels deep (at {where}); the limit is {max_depth}"
+        children: list[tuple[Any, str, int]] = []
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return f"{where} has a key {key!r} of type {type(key).__name__}; JSON object keys are strings"
+                if (why := text_problem(key, f"{where} key {key!r:.40}")) is not None:
+                    return why
+                children.append((child, f"{where}[{key!r}]", depth + 1))
+        else:
+            children = [(child, f"{where}[{index}]", depth + 1) for index, child in enumerate(item)]
+        stack.extend(reversed(children))
+    return None
+
+
+def json_size_problem(value: Any, path: str, limit: int = MAX_JSON_BYTES) -> str | None:
+    """Why ``value`` (already plain JSON) is too large to store, or None."""
+    size = len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+    if size > limit:
+        return (
+            f"{path} is {size:,} bytes as JSON; the limit is {limit:,} bytes "
+            "(store large data elsewhere and pass a reference)"
+        )
+    return None
 
 
 def validate_payload(payload: Any) -> Any:
     if payload is None:
         raise PayloadNotSerializable("payload is None; pass {} for an empty payload")
-    if (why := json_problem(payload, "payload")) is not None:
+    if (why := json_problem(payload, "payload") or json_size_problem(payload, "payload")) is not None:
         raise PayloadNotSerializable(why)
     return payload
 
@@ -90,9 +144,37 @@ def validate_headers(headers: Any) -> dict[str, Any]:
         return {}
     if not isinstance(headers, dict):
         raise PayloadNotSerializable(f"headers must be a dict, not {type(headers).__name__}")
-    if (why := json_problem(headers, "headers")) is not None:
+    if (why := json_problem(headers, "headers") or json_size_problem(headers, "headers")) is not None:
         raise PayloadNotSerializable(why)
     return headers
+
+
+def storable_text(text: str, limit: int = 65_536) -> str:
+    """Text the queue writes itself (errors, tracebacks, output tails), made storable everywhere.
+
+    NUL and lone surrogates are escaped (visibly: ``\\x00``, ``\\ud800``), and
+    text past ``limit`` characters keeps its head and its tail, where a
+    traceback says what happened.
+    """
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > limit:
+        cut = len(text) - limit
+        head = limit // 4
+        text = f"{text[:head]}\n[... {cut:,} characters cut ...]\n{text[head + cut + 40 :]}"
+    return text
+
+
+def storable_result(value: Any) -> tuple[Any, str | None]:
+    """A handler's return value as the archive keeps it: (value or None, why it was not kept)."""
+    if value is None:
+        return None, None
+    why = json_problem(value, "the handler's result") or json_size_problem(value, "the handler's result")
+    return (None, why) if why else (value, None)
 
 
 def validate_kind(kind: Any) -> str:
@@ -100,6 +182,8 @@ def validate_kind(kind: Any) -> str:
         raise InvalidOption(f"kind must be a string, not {type(kind).__name__}")
     if len(kind) > KIND_MAX_LENGTH:
         raise InvalidOption(f"kind is {len(kind)} characters; the limit is {KIND_MAX_LENGTH}")
+    if (why := text_problem(kind, "kind")) is not None:
+        raise InvalidOption(why)
     return kind
 
 
@@ -110,6 +194,8 @@ def validate_key(key: Any) -> str | None:
         raise InvalidOption(f"key must be a non-empty string or None, not {key!r}")
     if len(key) > KEY_MAX_LENGTH:
         raise InvalidOption(f"key is {len(key)} characters; the limit is {KEY_MAX_LENGTH}")
+    if (why := text_problem(key, "key")) is not None:
+        raise InvalidOption(why)
     return key
 
 
@@ -127,6 +213,8 @@ def seconds(value: Any, name: str, *, allow_zero: bool = True) -> float:
         raise InvalidOption(f"{name} must be a number of seconds or a timedelta, not {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         raise InvalidOption(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, not {value!r}")
+    if value > MAX_DELAY_SECONDS:
+        raise InvalidOption(f"{name} is {value:g} seconds; the limit is {MAX_DELAY_SECONDS:g} (ten years)")
     return float(value)
 
 

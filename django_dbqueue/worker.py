@@ -31,17 +31,16 @@ from typing import Any
 from django.db import connections
 
 from . import handlers as handler_registry
-from . import vendor
-from .conf import get_settings, queue_options
+from .conf import database_for, get_settings, queue_options
+from .db import notify
+from .db.errors import DATABASE_TROUBLE, backoff
 from .dispatch import Outcome, Verdict, decide
 from .exceptions import DbQueueError, InvalidOption
 from .handlers import Handler
 from .models import Message, QueueState
 from .models import Worker as WorkerRow
 from .operations import ack_many
-from .transient import DATABASE_TROUBLE, backoff, with_retries
 from .validation import validate_queues
-from .vendor import DbNow
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -86,10 +85,7 @@ class QueueWorker:
         if not queues:
             raise InvalidOption("no queues to serve: name them, or register handlers in an app's queues.py")
         self.queues = validate_queues(queues)
-        databases = {queue_options(q).database for q in self.queues}
-        if len(databases) != 1:
-            raise InvalidOption(f"one worker serves queues of one database; {self.queues} use {sorted(databases)}")
-        self.using = databases.pop()
+        self.using = database_for(self.queues)
         self.poll_interval = config.poll_interval or dbq.poll_interval
         self.max_poll_interval = max(config.max_poll_interval or dbq.max_poll_interval, self.poll_interval)
         self.grace = dbq.shutdown_grace if config.grace is None else config.grace
@@ -120,7 +116,7 @@ class QueueWorker:
             for n in range(self.config.concurrency)
         ]
         helpers = [threading.Thread(target=self._heartbeat, name="dbqueue-heartbeat", daemon=True)]
-        if vendor.vendor(self.using) == "postgresql":
+        if notify.can_listen(self.using):
             helpers.append(threading.Thread(target=self._listen, name="dbqueue-listener", daemon=True))
         if self.config.reap:
             helpers.append(threading.Thread(target=self._reap, name="dbqueue-reaper", daemon=True))
@@ -289,10 +285,7 @@ class QueueWorker:
         with self._lock:
             if self._running or any(self._held.values()) or any(self._acking.values()):
                 return False
-        return not any(
-            Message.objects.using(self.using).filter(queue=q).claimable(queue_options(q).max_attempts).exists()
-            for q in self.queues
-        )
+        return not Message.objects.using(self.using).any_claimable(self.queues)
 
     def _paused_queues(self) -> set[str]:
         now = time.monotonic()
@@ -415,15 +408,9 @@ class QueueWorker:
     def _beat(self) -> None:
         """Say we are alive and keep the leases of everything we hold."""
         for (token, seconds), ids in self._held_leases().items():
-            # A lease that already ran out stays lost (see operations._leased).
-            live = Message.objects.using(self.using).filter(pk__in=ids, lease_token=token, available_at__gt=DbNow())
-            live.update(available_at=DbNow(seconds))
-        updated = (
-            WorkerRow.objects.using(self.using)
-            .filter(name=self.name)
-            .update(last_heartbeat_at=DbNow(), processed=self.processed, failed=self.failed)
-        )
-        if not updated:  # the reaper took us for dead (a long pause); say we are back
+            Message.objects.using(self.using).extend_leases(token, ids, seconds)
+        if not WorkerRow.objects.using(self.using).beat(self.name, self.processed, self.failed):
+            # the reaper took us for dead (a long pause); say we are back
             self._register()
 
     def _log_summary(self, last: tuple[int, int], interval: float) -> tuple[int, int]:
@@ -440,38 +427,13 @@ class QueueWorker:
         return self.processed, self.failed
 
     def _register(self) -> None:
-        with_retries(self.using, self._upsert_row, what="worker registration")
-
-    def _upsert_row(self) -> None:
-        # update_or_create reads, then writes: on SQLite that needs the write lock from the start.
-        with vendor.write_transaction(self.using):
-            self._update_or_create_row()
-
-    def _update_or_create_row(self) -> None:
-        WorkerRow.objects.using(self.using).update_or_create(
-            name=self.name,
-            defaults={
-                "hostname": socket.gethostname(),
-                "pid": os.getpid(),
-                "queues": self.queues,
-                "concurrency": self.config.concurrency,
-                "last_heartbeat_at": DbNow(),
-                "processed": self.processed,
-                "failed": self.failed,
-            },
-            create_defaults={
-                "hostname": socket.gethostname(),
-                "pid": os.getpid(),
-                "queues": self.queues,
-                "concurrency": self.config.concurrency,
-                "started_at": DbNow(),
-                "last_heartbeat_at": DbNow(),
-            },
+        WorkerRow.objects.using(self.using).register(
+            self.name, self.queues, self.config.concurrency, self.processed, self.failed
         )
 
     def _unregister(self) -> None:
         try:
-            WorkerRow.objects.using(self.using).filter(name=self.name).delete()
+            WorkerRow.objects.using(self.using).unregister(self.name)
         except DATABASE_TROUBLE as exc:
             logger.warning("worker %s: could not remove its row (%s); the reaper will", self.name, exc)
 
@@ -480,7 +442,7 @@ class QueueWorker:
         queues = set(self.queues)
         while not self.stopping.is_set():
             try:
-                for queue in vendor.notifications(self.using, self.stopping.is_set):
+                for queue in notify.notifications(self.using, self.stopping.is_set):
                     if queue in queues:
                         self.wake.set()
             except ImportError:

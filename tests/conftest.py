@@ -1,10 +1,4 @@
 import pytest
-from django.db import connection
-
-
-@pytest.fixture
-def vendor() -> str:
-    return connection.vendor
 
 
 @pytest.fixture

@@ -113,14 +113,14 @@ def test_operations_on_a_message_never_claimed(unchanged):
             operation()
 
 
-def test_bad_lease_extension_and_defer_on_a_claimed_message():
+def test_bad_lease_extension_and_snooze_on_a_claimed_message():
     django_dbqueue.enqueue("q", {})
     [message] = Message.objects.claim("q")
     before = Message.objects.values_list("available_at", "attempts").get()
     with pytest.raises(InvalidOption, match="seconds must be > 0"):
         message.extend_lease(0)
-    with pytest.raises(InvalidOption, match="exactly one of until or delay"):
-        message.defer()
+    with pytest.raises(InvalidOption, match="snooze needs exactly one of until or delay"):
+        message.snooze()
     with pytest.raises(InvalidOption, match="until must be timezone-aware"):
-        message.defer(datetime(2030, 1, 1))
+        message.snooze(datetime(2030, 1, 1))
     assert Message.objects.values_list("available_at", "attempts").get() == before

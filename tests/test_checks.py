@@ -6,6 +6,7 @@ from django.db import connection
 
 from django_dbqueue import checks as dbqueue_checks
 from django_dbqueue.conf import get_settings
+from django_dbqueue.db import capabilities
 from django_dbqueue.exceptions import ImproperlyConfiguredQueue
 
 # Django's own model checks query SQLite for its JSON support.
@@ -83,7 +84,7 @@ def test_database_without_skip_locked_is_an_error(monkeypatch):
 def test_repeatable_read_on_mysql_is_a_warning():
     if connection.vendor != "mysql":
         pytest.skip("the isolation-level warning is MySQL's")
-    assert dbqueue_checks._isolation_level("default") == "READ-COMMITTED"
+    assert not capabilities.runs_repeatable_read("default")  # Django's default: READ COMMITTED
     with connection.cursor() as cursor:
         cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
     try:

@@ -160,12 +160,20 @@ def test_extend_lease_and_release():
     assert Message.objects.claim("q")[0].attempts == 1
 
 
-def test_defer_does_not_count_an_attempt():
+def test_snooze_does_not_count_an_attempt():
     django_dbqueue.enqueue("q", {})
     [message] = Message.objects.claim("q")
-    assert message.defer(until=timezone.now() + timedelta(hours=2))
+    assert message.snooze(until=timezone.now() + timedelta(hours=2))
     stored = Message.objects.scheduled().get()
     assert stored.attempts == 0 and stored.available_at > timezone.now() + timedelta(hours=1)
+
+
+def test_defer_is_a_deprecated_alias_of_snooze():
+    django_dbqueue.enqueue("q", {})
+    [message] = Message.objects.claim("q")
+    with pytest.warns(DeprecationWarning, match=r"Message.defer\(\) is deprecated; use Message.snooze\(\)"):
+        assert message.defer(delay=3600)
+    assert Message.objects.scheduled().get().attempts == 0
 
 
 def test_operations_on_an_unclaimed_message_are_refused():

@@ -6,8 +6,8 @@ from django.db.models.signals import post_save
 from django.utils import timezone
 
 import django_dbqueue
+from django_dbqueue.db.clock import db_now
 from django_dbqueue.models import Message
-from django_dbqueue.vendor import db_now
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,4 +1,4 @@
-"""The claim walks the claim index in its ORDER BY order (DESIGN decision 3).
+"""The claim walks the claim index in its ORDER BY order (docs/design.md, decision 3).
 
 EXPLAIN runs on the exact SQL the ORM emits for a claim, captured while a
 real claim runs, over a table big enough that a planner would prefer a
@@ -62,8 +62,8 @@ def test_reaper_refreshes_postgres_statistics_after_a_bulk_load():
     """Stale statistics (autovacuum off or lagging) made PostgreSQL sort the whole backlog per claim."""
     if connection.vendor != "postgresql":
         pytest.skip("InnoDB and SQLite need no help; PostgreSQL's planner does")
+    from django_dbqueue.db.stats import refresh_statistics
     from django_dbqueue.reaper import Reaper
-    from django_dbqueue.vendor import refresh_statistics
     from tests.processes import wait_for
 
     django_dbqueue.enqueue_many("claims", [{"n": n} for n in range(5000)])

@@ -8,9 +8,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from django_dbqueue.db.stats import estimated_row_count
 from django_dbqueue.models import ArchivedMessage, DeadLetter, Outcome
 from django_dbqueue.paginator import EstimatingPaginator
-from django_dbqueue.vendor import estimated_row_count
 from tests.admin_helpers import changelist, staff
 
 pytestmark = pytest.mark.django_db(transaction=True)

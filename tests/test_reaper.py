@@ -8,9 +8,9 @@ from django.db import connection, connections
 from django.utils import timezone
 
 import django_dbqueue
+from django_dbqueue.db.transactions import try_lock
 from django_dbqueue.models import ArchivedMessage, Message, Outcome, Worker
 from django_dbqueue.reaper import Reaper, lock_name
-from django_dbqueue.vendor import try_lock
 from tests.factories import ArchivedMessageFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 import django_dbqueue
 from django_dbqueue import control, signals
-from django_dbqueue.models import ArchivedMessage, Message, Outcome
+from django_dbqueue.models import ArchivedMessage, Message, Outcome, events
 from django_dbqueue.reaper import Reaper
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -163,13 +163,13 @@ def test_a_receiver_that_raises_is_logged_and_the_operation_stands(heard, caplog
 
 def test_without_receivers_no_event_is_built(monkeypatch, settings):
     """The hot path's promise: no receiver, no events built, no archive rows read back."""
-    assert not any(signals.listened(signal) for signal in signals.SIGNALS.values())
+    assert not any(events.listened(signal) for signal in signals.SIGNALS.values())
 
     def forbidden(*args, **kwargs):
         raise AssertionError("signal work done with no receiver connected")
 
-    monkeypatch.setattr(signals, "_deliver", forbidden)
-    monkeypatch.setattr(signals, "settle", forbidden)
+    monkeypatch.setattr(events, "_deliver", forbidden)
+    monkeypatch.setattr(events, "settle", forbidden)
     settings.DBQUEUE = {**settings.DBQUEUE, "BACKOFF_BASE": 0}
     django_dbqueue.enqueue_many("s", [{"n": n} for n in range(3)])
     django_dbqueue.enqueue("s", {}, expires_at=timezone.now() - timedelta(seconds=1))

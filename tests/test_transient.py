@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.db.utils import OperationalError
 
-from django_dbqueue import vendor
+from django_dbqueue.db import errors
 
 
 def closed_port() -> int:
@@ -41,7 +41,7 @@ def test_a_refused_connection_is_retried():
             psycopg.connect(host="127.0.0.1", port=closed_port(), user="postgres", connect_timeout=5)
     else:
         pytest.skip("SQLite has no server to refuse a connection")
-    assert vendor.is_transient(as_django_error(caught.value), "default")
+    assert errors.is_transient(as_django_error(caught.value), "default")
 
 
 def test_a_locked_sqlite_database_is_retried_and_a_bad_statement_is_not(tmp_path):
@@ -58,5 +58,5 @@ def test_a_locked_sqlite_database_is_retried_and_a_bad_statement_is_not(tmp_path
         other.execute("INSERT INTO no_such_table VALUES (1)")
     holder.close()
     other.close()
-    assert vendor.is_transient(as_django_error(locked.value), "default")
-    assert not vendor.is_transient(as_django_error(bad.value), "default")
+    assert errors.is_transient(as_django_error(locked.value), "default")
+    assert not errors.is_transient(as_django_error(bad.value), "default")

@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.db import connections
 from django.db.models import Max, Min
 
+from ..db.stats import refresh_statistics
 from ..models import ArchivedMessage, QueueStat
 from .job import AnalyticsJob
 from .session import spark_session
@@ -49,9 +49,7 @@ def run_bench(
     insert_archive(
         archive_rows(rows, start=BENCH_START, hours=BENCH_HOURS, seed=rows, queue_prefix=BENCH_PREFIX), using=using
     )
-    if connections[using].vendor == "postgresql":
-        with connections[using].cursor() as cursor:
-            cursor.execute(f"ANALYZE {ArchivedMessage._meta.db_table}")
+    refresh_statistics(using, ArchivedMessage._meta.db_table, force=True)
     fill = time.perf_counter() - started
     spark_session(master)
     job = AnalyticsJob(

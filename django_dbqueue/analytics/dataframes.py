@@ -118,13 +118,13 @@ def _enqueue_partition(
 ) -> Iterator[tuple[int, int]]:
     """Runs on an executor: insert this partition's rows in chunks; yields (inserted, existing)."""
     alias = executor_alias(database)
-    from ..operations import build_message, insert_many
+    from ..operations import build_message, enqueue_built
 
     inserted = existing = 0
 
     def flush(pending: list) -> None:
         nonlocal inserted, existing
-        for message in insert_many(pending, alias):
+        for message in enqueue_built(pending, alias):
             if message.was_created:
                 inserted += 1
             else:

@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 
 from django.db import connections
 
+from ..db.sql import json_param
 from ..models import ArchivedMessage, Outcome
-from ..vendor import json_param
 
 QUEUES = ("orders", "emails", "reports")
 KINDS = ("", "invoice", "reminder")

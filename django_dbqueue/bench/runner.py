@@ -25,9 +25,10 @@ from django.db import connections
 from django.db.models import Max, Min
 from django.test.utils import override_settings
 
+from ..db import vendor
+from ..db.stats import refresh_statistics
 from ..models import ArchivedMessage, Message
 from ..operations import ack_many, claim, enqueue, enqueue_many
-from ..vendor import refresh_statistics, vendor
 from .rawsql import RawProtocol
 
 PHASES = ("enqueue", "enqueue_many", "drain", "latency", "claim_latency", "memory", "admin_list")

@@ -2,32 +2,41 @@
 
 from __future__ import annotations
 
+import math
 import re
 from argparse import ArgumentTypeError
 from datetime import UTC, datetime
 
 from django.utils.dateparse import parse_date, parse_datetime
 
+from ..validation import MAX_DELAY_SECONDS
+
+# The largest count and the longest duration an option accepts: past them a
+# value is a typo, and a duration would overflow the database's timestamps.
+MAX_COUNT = 10_000_000
+MAX_SECONDS = MAX_DELAY_SECONDS
+
 
 def positive_int(text: str) -> int:
     value = int(text)
-    if value < 1:
-        raise ValueError(text)
+    if not 1 <= value <= MAX_COUNT:
+        raise ValueError(text)  # argparse says: invalid positive_int value: '0'
+    return value
+
+
+def _seconds(text: str, *, zero: bool) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero) or value > MAX_SECONDS:
+        raise ValueError(text)  # argparse says: invalid positive_float value: 'nan'
     return value
 
 
 def positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise ValueError(text)
-    return value
+    return _seconds(text, zero=False)
 
 
 def non_negative_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
+    return _seconds(text, zero=True)
 
 
 def utc_datetime(text: str) -> datetime:

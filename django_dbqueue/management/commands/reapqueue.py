@@ -9,8 +9,8 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import connections
 
 from django_dbqueue.conf import get_settings
+from django_dbqueue.db.errors import DATABASE_TROUBLE
 from django_dbqueue.reaper import Reaper
-from django_dbqueue.transient import DATABASE_TROUBLE
 
 
 class Command(BaseCommand):

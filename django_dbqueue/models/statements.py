@@ -3,22 +3,27 @@
 Acknowledging a batch used to read each message into Python and write an
 archive row back through ``bulk_create``. ``INSERT ... SELECT`` copies the
 rows inside the database instead: one statement however large the batch,
-and no Python object per row. Vendor differences (JSON parameters) come
-from :mod:`django_dbqueue.vendor`.
+and no Python object per row. Vendor differences (JSON parameters, the
+clock, RETURNING) come from :mod:`django_dbqueue.db`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections
-from django.db.models.sql import Query
 
-from .models import ArchivedMessage, Message
-from .validation import json_problem
-from .vendor import DbNow, json_param
+from ..db.clock import compile_now
+from ..db.sql import insert_returns_ids, json_param
+
+if TYPE_CHECKING:
+    from .messages import Message
+
+# The tables' names: a documented contract (docs/table-layout.md); the models' Meta use these.
+MESSAGE_TABLE = "dbqueue_message"
+ARCHIVE_TABLE = "dbqueue_archive"
 
 # Columns an archive row takes unchanged from the live row.
 COPIED = (
@@ -39,34 +44,51 @@ COPIED = (
 )
 
 
-def archive_copies(using: str, ids: list[int], outcome: str, worker: str, results: Mapping[int, Any]) -> int:
+def archive_copies(
+    using: str,
+    ids: list[int],
+    outcome: str,
+    worker: str,
+    results: Mapping[int, Any],
+    errors: Mapping[int, str] | None = None,
+) -> int:
     """Copy live messages ``ids`` into the archive as ``outcome``; returns the rows written.
 
-    ``results`` holds handlers' return values by message id (kept when they are JSON).
+    ``results`` holds handlers' return values by message id, already made
+    storable (:func:`~django_dbqueue.validation.storable_result`); ``errors``
+    replaces ``last_error`` for some ids (a note that a result was not kept).
     The caller deletes the live rows in the same transaction.
     """
     if not ids:
         return 0
     connection = connections[using]
     qn = connection.ops.quote_name
-    now_sql, now_params = Query(None).get_compiler(connection=connection).compile(DbNow())
+    now_sql, now_params = compile_now(using)
     columns = ", ".join(qn(c) for c in COPIED)
+    copied = columns
+    error_params: list[Any] = []
+    errors = {pk: text for pk, text in (errors or {}).items() if pk in ids}
+    if errors:
+        cases = " ".join("WHEN %s THEN %s" for _ in errors)
+        copied = ", ".join(f"CASE {qn('id')} {cases} ELSE {qn(c)} END" if c == "last_error" else qn(c) for c in COPIED)
+        for pk, text in errors.items():
+            error_params += [pk, text]
     finished_by = "%s" if worker else qn("claimed_by")
     result_sql, result_params = "NULL", []
-    kept = {pk: r for pk, r in results.items() if pk in ids and r is not None and json_problem(r, "result") is None}
+    kept = {pk: r for pk, r in results.items() if pk in ids and r is not None}
     if kept:
         cases = " ".join(f"WHEN %s THEN {json_param(using)}" for _ in kept)
         result_sql = f"CASE {qn('id')} {cases} ELSE NULL END"
         for pk, value in kept.items():
             result_params += [pk, json.dumps(value)]
     sql = (
-        f"INSERT INTO {qn(ArchivedMessage._meta.db_table)} "
+        f"INSERT INTO {qn(ARCHIVE_TABLE)} "
         f"({qn('message_id')}, {columns}, {qn('finished_at')}, {qn('outcome')}, {qn('finished_by')}, "
         f"{qn('result')}, {qn('replayed_by')}) "
-        f"SELECT {qn('id')}, {columns}, {now_sql}, %s, {finished_by}, {result_sql}, '' "
-        f"FROM {qn(Message._meta.db_table)} WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))})"
+        f"SELECT {qn('id')}, {copied}, {now_sql}, %s, {finished_by}, {result_sql}, '' "
+        f"FROM {qn(MESSAGE_TABLE)} WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))})"
     )
-    params = [*now_params, outcome, *([worker] if worker else []), *result_params, *ids]
+    params = [*error_params, *now_params, outcome, *([worker] if worker else []), *result_params, *ids]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
@@ -100,11 +122,11 @@ def insert_messages(using: str, messages: list[Message], batch_size: int) -> Non
     adapt = connection.ops.adapt_datetimefield_value
     json_sql = json_param(using)
     row_sql = "(" + ", ".join(json_sql if c in ("payload", "headers") else "%s" for c in INSERTED) + ")"
-    returning = connection.features.can_return_rows_from_bulk_insert
+    returning = insert_returns_ids(using)
     per_statement = batch_size
     if connection.features.max_query_params:
         per_statement = max(1, min(batch_size, connection.features.max_query_params // len(INSERTED)))
-    head = f"INSERT INTO {qn(Message._meta.db_table)} ({', '.join(qn(c) for c in INSERTED)}) VALUES "
+    head = f"INSERT INTO {qn(MESSAGE_TABLE)} ({', '.join(qn(c) for c in INSERTED)}) VALUES "
     with connection.cursor() as cursor:
         for start in range(0, len(messages), per_statement):
             chunk = messages[start : start + per_statement]

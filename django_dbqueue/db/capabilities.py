@@ -1,0 +1,23 @@
+"""What a database can do for the queue, for the system checks (E002, W001)."""
+
+from __future__ import annotations
+
+from django.db import connections
+
+
+def lacks_skip_locked(using: str) -> bool:
+    """True for a server without ``SELECT ... FOR UPDATE SKIP LOCKED`` (SQLite needs none: one writer)."""
+    connection = connections[using]
+    return connection.vendor != "sqlite" and not connection.features.has_select_for_update_skip_locked
+
+
+def runs_repeatable_read(using: str) -> bool:
+    """True for MySQL/MariaDB at REPEATABLE READ, where a claim inside a longer transaction misses new rows."""
+    connection = connections[using]
+    if connection.vendor != "mysql":
+        return False
+    # MariaDB names it tx_isolation; MySQL 8 removed that name.
+    variable = "tx_isolation" if connection.mysql_is_mariadb else "transaction_isolation"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT @@SESSION.{variable}")
+        return str(cursor.fetchone()[0]).upper() == "REPEATABLE-READ"

@@ -1,0 +1,79 @@
+"""The database server's clock: leases, availability and expiry never read a worker's clock.
+
+Workers on many hosts with skewed clocks agree because every time the
+queue compares or stores comes from the one database server.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import django
+from django.db import connections
+from django.db.models import DateTimeField, Func
+from django.db.models.sql import Query
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+
+class DbNow(Func):
+    """The database server's current time in UTC, plus ``seconds``.
+
+    Django's ``Now()`` renders ``CURRENT_TIMESTAMP`` on MySQL, which is in the
+    session's time zone; we store UTC, so MySQL gets ``UTC_TIMESTAMP``.
+    """
+
+    template = "CURRENT_TIMESTAMP"
+    output_field = DateTimeField()
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        super().__init__()
+        self.seconds = float(seconds)
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        if self.seconds:
+            return "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)", [round(self.seconds * 1_000_000)]
+        return "UTC_TIMESTAMP(6)", []
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        # STATEMENT_TIMESTAMP(), not NOW(): NOW() is frozen at the transaction's start.
+        if self.seconds:
+            return "(STATEMENT_TIMESTAMP() + make_interval(secs => %s))", [self.seconds]
+        return "STATEMENT_TIMESTAMP()", []
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        # Django stores datetimes in SQLite as UTC text with six fractional
+        # digits; SQLite's clock has three. Pad, so that text compares like
+        # with like: a time Django wrote in this very millisecond is not later than now.
+        if self.seconds:
+            return "(STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')", [f"{self.seconds:+.6f} seconds"]
+        return "(STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')", []
+
+
+def compile_now(using: str, seconds: float = 0.0) -> tuple[str, list[Any]]:
+    """``DbNow(seconds)`` as SQL and parameters, for hand-written statements."""
+    connection = connections[using]
+    return Query(None).get_compiler(connection=connection).compile(DbNow(seconds))
+
+
+def db_now(using: str) -> datetime:
+    """Read the database server's clock (one query), as an aware UTC datetime."""
+    sql, params = compile_now(using)
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT {sql}", params)
+        value = cursor.fetchone()[0]
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value, UTC)
+    return value
+
+
+def insert_returns_expressions(using: str) -> bool:
+    """Whether an INSERT hands back the values the database computed for it (``DbNow()``).
+
+    Django 6 asks for them with RETURNING where the database has it
+    (PostgreSQL, MariaDB, SQLite); Django 5.2 and MySQL do not.
+    """
+    return django.VERSION >= (6, 0) and connections[using].features.can_return_columns_from_insert

@@ -1,0 +1,94 @@
+"""Bounded retries for the database's weather: deadlocks and dropped connections.
+
+MySQL may pick any transaction as a deadlock victim, and a database restart
+drops every connection. Neither is a bug in the caller, so queue statements
+run through :func:`with_retries`, which retries them a bounded number of
+times with jittered backoff. Inside a caller's own transaction nothing is
+retried: the caller's work is gone with the error and only the caller can
+redo it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.db import DatabaseError, InterfaceError, connections
+
+logger = logging.getLogger("django_dbqueue")
+T = TypeVar("T")
+
+MYSQL_TRANSIENT_CODES = {
+    1205,  # lock wait timeout exceeded
+    1213,  # deadlock found when trying to get lock
+    2006,  # server has gone away
+    2013,  # lost connection during query
+    2002,  # can't connect (MariaDB Connector/C says so for TCP too)
+    2003,  # can't connect (server restarting)
+    1927,  # MariaDB: connection was killed
+    4031,  # MariaDB: client disconnected by the server (inactivity)
+}
+POSTGRES_TRANSIENT_SQLSTATES = {"40001", "40P01", "57P01", "57P02", "57P03", "08000", "08003", "08006", "08001"}
+
+# What a database that went away raises, for the loops that must outlive it
+# (workers, reapers): Django's DatabaseError, and its sibling InterfaceError,
+# which a driver raises on a connection it already closed (mysqlclient's
+# "(0, '')" after a server restart).
+DATABASE_TROUBLE = (DatabaseError, InterfaceError)
+
+
+def is_transient(exc: BaseException, using: str) -> bool:
+    """Whether an error is weather (deadlock, lost connection) worth retrying."""
+    kind = connections[using].vendor
+    cause = exc.__cause__ or exc
+    if kind == "mysql":
+        code = cause.args[0] if cause.args and isinstance(cause.args[0], int) else None
+        return code in MYSQL_TRANSIENT_CODES
+    if kind == "postgresql":
+        sqlstate = getattr(cause, "sqlstate", None)
+        if sqlstate in POSTGRES_TRANSIENT_SQLSTATES:
+            return True
+        text = str(cause).lower()  # psycopg gives no SQLSTATE for errors on the client's side of the socket
+        return "connection failed" in text or ("connection" in text and ("closed" in text or "lost" in text))
+    if kind == "sqlite":
+        return "database is locked" in str(cause)
+    return False
+
+
+def lost_connection(using: str) -> bool:
+    """Whether the connection is unusable and must be reopened before a retry."""
+    connection = connections[using]
+    if connection.connection is None:
+        return False
+    try:
+        return not connection.is_usable()
+    except Exception:
+        return True
+
+
+def backoff(attempt: int, *, base: float = 0.05, cap: float = 2.0) -> float:
+    """Full-jitter exponential backoff: up to base * 2**attempt, at most cap."""
+    return random.uniform(0, min(cap, base * 2 ** min(attempt, 30)))
+
+
+def with_retries(using: str, operation: Callable[[], T], *, what: str = "queue operation") -> T:
+    """Run ``operation``, retrying transient errors up to ``TRANSIENT_RETRIES`` times."""
+    from ..conf import get_settings
+
+    connection = connections[using]
+    retries = get_settings().transient_retries
+    attempt = 0
+    while True:
+        try:
+            return operation()
+        except DatabaseError as exc:
+            if connection.in_atomic_block or attempt >= retries or not is_transient(exc, using):
+                raise
+            attempt += 1
+            logger.warning("%s on %r hit %s; retry %d of %d", what, using, exc, attempt, retries)
+            if lost_connection(using):
+                connection.close()
+            time.sleep(backoff(attempt))

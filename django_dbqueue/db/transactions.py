@@ -1,0 +1,71 @@
+"""Short write transactions and the cross-process lock the reaper runs under."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from django.db import connections, transaction
+
+
+@contextlib.contextmanager
+def write_transaction(using: str) -> Iterator[None]:
+    """A short transaction that reads and then writes (claim, ack, archive, replay).
+
+    MySQL and PostgreSQL lock the rows they pick with ``SKIP LOCKED``. SQLite
+    has no row locks: there the transaction takes the database's write lock
+    at ``BEGIN IMMEDIATE``, so writers queue up on the lock (with the
+    connection's timeout) instead of reading first and then failing to
+    upgrade to a write lock ("database is locked"). Inside an outer
+    transaction the outer one decides.
+    """
+    connection = connections[using]
+    if connection.vendor != "sqlite" or connection.in_atomic_block:
+        with transaction.atomic(using=using):
+            yield
+        return
+    connection.ensure_connection()
+    previous = connection.transaction_mode
+    connection.transaction_mode = "IMMEDIATE"
+    try:
+        with transaction.atomic(using=using):
+            connection.transaction_mode = previous
+            yield
+    finally:
+        connection.transaction_mode = previous
+
+
+@contextlib.contextmanager
+def try_lock(using: str, name: str) -> Iterator[bool]:
+    """A session-level lock that at most one process holds; yields whether we got it.
+
+    MySQL's ``GET_LOCK`` and PostgreSQL's advisory locks are released when the
+    holder's connection drops, so a reaper that dies frees the lock. SQLite
+    has a single writer anyway: there every caller gets it.
+    """
+    connection = connections[using]
+    if connection.vendor == "sqlite":
+        yield True
+        return
+    acquire, release = {
+        "mysql": ("SELECT GET_LOCK(%s, 0)", "SELECT RELEASE_LOCK(%s)"),
+        "postgresql": ("SELECT pg_try_advisory_lock(hashtext(%s))", "SELECT pg_advisory_unlock(hashtext(%s))"),
+    }[connection.vendor]
+    with connection.cursor() as cursor:
+        cursor.execute(acquire, [name])
+        held = bool(cursor.fetchone()[0])
+    try:
+        yield held
+    finally:
+        if held and connection.connection is not None:
+            with contextlib.suppress(Exception), connection.cursor() as cursor:
+                cursor.execute(release, [name])
+
+
+def lock_name(using: str, purpose: str) -> str:
+    """A lock name for ``purpose`` on database ``using``.
+
+    MySQL's lock names are server-wide (64 characters at most): naming the
+    database keeps processes of different databases on one server apart.
+    """
+    return f"{purpose}:{connections[using].settings_dict['NAME']}"[:64]

@@ -1,0 +1,28 @@
+"""The model layer: the queue's tables and every statement on them.
+
+This is the bottom of the package's layers (over ``db``, ``conf``,
+``signals``, ``validation`` and ``exceptions``): the rest of django-dbqueue
+changes queue rows only through the methods of these models, their
+querysets and managers. The tables' layouts are a documented contract
+(docs/table-layout.md) for producers that write plain SQL.
+"""
+
+from .archive import ArchivedMessage, ArchivedMessageQuerySet, DeadLetter, Outcome
+from .messages import Message, MessageManager, MessageQuerySet, MessageState
+from .queues import QueueStat, QueueState, Subscription
+from .workers import Worker
+
+__all__ = [
+    "ArchivedMessage",
+    "ArchivedMessageQuerySet",
+    "DeadLetter",
+    "Message",
+    "MessageManager",
+    "MessageQuerySet",
+    "MessageState",
+    "Outcome",
+    "QueueStat",
+    "QueueState",
+    "Subscription",
+    "Worker",
+]

@@ -1,0 +1,211 @@
+"""The archive: finished messages (acked, dead, expired, cancelled), history for operators and analytics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import models
+from django.db.models import Q
+
+from ..db.clock import DbNow
+from ..db.errors import with_retries
+from ..db.transactions import write_transaction
+from ..exceptions import AlreadyReplayed, DuplicateKey, InvalidOption
+from ..validation import storable_result, storable_text
+from .statements import ARCHIVE_TABLE
+
+if TYPE_CHECKING:
+    from .messages import Message
+
+
+class Outcome(models.TextChoices):
+    """How a message left the live table."""
+
+    ACKED = "acked"
+    DEAD = "dead"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+REPLAYABLE = {Outcome.DEAD, Outcome.EXPIRED, Outcome.CANCELLED}
+
+
+class ArchivedMessageQuerySet(models.QuerySet["ArchivedMessage"]):
+    def acked(self) -> ArchivedMessageQuerySet:
+        return self.filter(outcome=Outcome.ACKED)
+
+    def dead(self) -> ArchivedMessageQuerySet:
+        return self.filter(outcome=Outcome.DEAD)
+
+    def expired(self) -> ArchivedMessageQuerySet:
+        return self.filter(outcome=Outcome.EXPIRED)
+
+    def cancelled(self) -> ArchivedMessageQuerySet:
+        return self.filter(outcome=Outcome.CANCELLED)
+
+    def prune(self, match: Q, before: datetime, batch_size: int) -> int:
+        """Delete rows matching ``match`` that finished before ``before``, ``batch_size`` at a time.
+
+        Small batches, so that no statement holds locks for long.
+        """
+        old = self.filter(match, finished_at__lt=before)
+        total = 0
+        while True:
+            ids = list(old.order_by("finished_at").values_list("pk", flat=True)[:batch_size])
+            if not ids:
+                return total
+            total += with_retries(
+                self.db, lambda ids=ids: self.filter(pk__in=ids)._raw_delete(self.db), what="archive pruning"
+            )
+
+    def replay(
+        self, pk: int, build: Callable[[ArchivedMessage], Message], *, by: str = "", force: bool = False
+    ) -> Message:
+        """Insert ``build(row)`` as a new live message and record the replay on archive row ``pk``.
+
+        One transaction with the archive row locked, so two operators cannot
+        both replay it. Only dead, expired or cancelled rows (never acked
+        ones, forced or not), once each unless ``force``; a key that is live
+        already refuses the replay.
+        """
+        from .messages import Message
+
+        using = self.db
+
+        def run() -> Message:
+            with write_transaction(using):
+                row = self.select_for_update().get(pk=pk)
+                if row.outcome not in REPLAYABLE:
+                    # Not even with force: force replays a row again, it never re-runs work that succeeded.
+                    raise InvalidOption(
+                        f"archived message {row.pk} is {row.outcome}; only dead, expired or cancelled messages "
+                        "are replayed (an acked message did its work; enqueue a new one to run it again)"
+                    )
+                if row.replayed_at is not None and not force:
+                    raise AlreadyReplayed(
+                        f"archived message {row.pk} was replayed at {row.replayed_at:%Y-%m-%d %H:%M:%S} "
+                        f"by {row.replayed_by or 'someone'} as message {row.replayed_as}; force=True replays it again"
+                    )
+                message = build(row)
+                message.replay_of = row.pk
+                Message.objects.using(using).insert(message, None)
+                if not message.was_created:
+                    raise DuplicateKey(
+                        f"key {row.key!r} is live in queue {row.queue!r} as message {message.pk}; "
+                        "finish or cancel that one before replaying"
+                    )
+                self.filter(pk=row.pk).update(replayed_at=DbNow(), replayed_by=by, replayed_as=message.pk)
+                return message
+
+        return with_retries(using, run, what=f"replay of archived message {pk}")
+
+    def purge_dead(self, ids: Iterable[int]) -> int:
+        """Delete dead letters for good; acked, expired and cancelled history is the reaper's to prune."""
+        ids = list(ids)
+        return with_retries(self.db, lambda: self.filter(pk__in=ids, outcome=Outcome.DEAD).delete()[0], what="purge")
+
+
+class ArchivedMessage(models.Model):
+    """A finished message: acked, dead, expired or cancelled. History for operators and analytics."""
+
+    id = models.BigAutoField(primary_key=True)
+    message_id = models.BigIntegerField(help_text="The id it had in the live table.")
+    queue = models.CharField(max_length=64)
+    kind = models.CharField(max_length=100, blank=True, default="")
+    key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 (NULL keys never collide)
+    payload = models.JSONField()
+    headers = models.JSONField(default=dict, blank=True)
+    priority = models.SmallIntegerField(default=0)
+    created_at = models.DateTimeField(help_text="Enqueue time.")
+    first_available_at = models.DateTimeField()
+    claimed_at = models.DateTimeField(null=True, blank=True, help_text="The last claim.")
+    finished_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveSmallIntegerField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    finished_by = models.CharField(max_length=255, blank=True, default="", help_text="The worker that finished it.")
+    last_error = models.TextField(blank=True, default="")
+    result = models.JSONField(null=True, blank=True, help_text="What the handler returned, when it was JSON.")
+    replay_of = models.BigIntegerField(null=True, blank=True, help_text="The archived message this one replayed.")
+    replayed_at = models.DateTimeField(null=True, blank=True)
+    replayed_by = models.CharField(max_length=150, blank=True, default="")
+    replayed_as = models.BigIntegerField(null=True, blank=True, help_text="The id of the new message the replay made.")
+
+    objects = ArchivedMessageQuerySet.as_manager()
+
+    class Meta:
+        app_label = "django_dbqueue"
+        db_table = ARCHIVE_TABLE
+        ordering = ["-finished_at", "-id"]
+        indexes = [
+            models.Index(fields=["queue", "outcome", "finished_at"], name="dbqueue_arc_queue_outcome"),
+            # Serves the archive's list (ORDER BY finished_at DESC, id DESC, read
+            # backwards; PostgreSQL needs the id in the index to skip the sort)
+            # and the reaper's pruning by finished_at.
+            models.Index(fields=["finished_at", "id"], name="dbqueue_arc_finished_id"),
+            models.Index(fields=["message_id"], name="dbqueue_arc_message"),
+            # Serves the dead letters' list: WHERE outcome = 'dead' ORDER BY
+            # finished_at DESC, id DESC, read backwards in index order.
+            models.Index(fields=["outcome", "finished_at", "id"], name="dbqueue_arc_outcome_finished"),
+        ]
+        permissions = [("replay_archivedmessage", "Can replay dead letters")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}#{self.message_id} {self.outcome}"
+
+    @classmethod
+    def from_live(
+        cls, message: Message, outcome: str, *, worker: str = "", error: str | None = None, result: Any = None
+    ) -> ArchivedMessage:
+        """The archive row for ``message`` finishing with ``outcome`` (unsaved; finished now by the database clock).
+
+        Text the queue writes (the error) is made storable; a result that
+        cannot be stored is not kept, and the row's error says why.
+        """
+        kept, why = storable_result(result)
+        error = message.last_error if error is None else error
+        if why is not None:
+            error = f"{error}\nresult not kept: {why}".strip()
+        return cls(
+            message_id=message.pk,
+            queue=message.queue,
+            kind=message.kind,
+            key=message.key,
+            payload=message.payload,
+            headers=message.headers,
+            priority=message.priority,
+            created_at=message.created_at,
+            first_available_at=message.first_available_at,
+            claimed_at=message.claimed_at,
+            finished_at=DbNow(),
+            expires_at=message.expires_at,
+            attempts=message.attempts,
+            max_attempts=message.max_attempts,
+            outcome=outcome,
+            finished_by=worker or message.claimed_by,
+            last_error=storable_text(error),
+            result=kept,
+            replay_of=message.replay_of,
+        )
+
+
+class DeadLetterManager(models.Manager.from_queryset(ArchivedMessageQuerySet)):  # type: ignore[misc]
+    def get_queryset(self) -> ArchivedMessageQuerySet:
+        return super().get_queryset().dead()
+
+
+class DeadLetter(ArchivedMessage):
+    """The archive's dead rows, on their own: what operators inspect, edit, replay and purge."""
+
+    objects = DeadLetterManager()
+
+    class Meta:
+        app_label = "django_dbqueue"
+        proxy = True
+        verbose_name = "dead letter"
+
+    def __str__(self) -> str:
+        return f"{self.queue}#{self.message_id} dead"

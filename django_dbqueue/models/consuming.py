@@ -1,0 +1,131 @@
+"""What a consumer does with a message it claimed: acknowledge, fail, reject, snooze, extend, release.
+
+Each is one guarded statement: it changes the message only while the
+caller's lease holds (``WHERE id = ? AND lease_token = ? AND available_at
+> now``) and returns False, changing nothing, when the lease was lost. A
+late acknowledgement from a worker whose lease ran out is refused the same
+way, whether or not someone else claimed the message since.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import F
+
+from .. import validation
+from ..conf import queue_options
+from ..db.clock import DbNow
+from ..db.errors import with_retries
+from ..exceptions import InvalidOption
+from . import events
+from .archive import Outcome
+
+if TYPE_CHECKING:
+    from .messages import Message
+
+
+def error_text(error: BaseException | str) -> str:
+    """An exception as its traceback, or a string, made storable on every database."""
+    if isinstance(error, BaseException):
+        return validation.storable_text("".join(traceback.format_exception(error)))
+    return validation.storable_text(str(error))
+
+
+def backoff_delay(message: Message) -> float:
+    """Seconds before retry number ``attempts``: exponential, capped, with jitter."""
+    options = queue_options(message.queue)
+    exponent = min(max(message.attempts - 1, 0), 64)  # 2**64 seconds is past any cap already
+    delay = min(options.backoff_max, options.backoff_base * 2**exponent)
+    return delay * (1 + random.uniform(-options.backoff_jitter, options.backoff_jitter)) if delay else 0.0
+
+
+class ConsumerActions:
+    """Mixed into :class:`~django_dbqueue.models.Message`: the lease holder's operations."""
+
+    def _finish(self: Message, outcome: str, **row: Any) -> bool:  # type: ignore[misc]
+        done, archived = type(self).objects.using(self._state.db).finish(self, outcome, **row)
+        if done:
+            events.finished(self, outcome, archived, row)
+        return done
+
+    def ack(self: Message, *, worker: str | None = None, result: Any = None) -> bool:  # type: ignore[misc]
+        """Finish successfully: archived as acked (unless the queue's ARCHIVE is off) and deleted.
+
+        ``result`` (the handler's return value) is kept in the archive when it is JSON.
+        """
+        return self._finish(Outcome.ACKED, worker=worker or "", result=result)
+
+    def fail(self: Message, error: BaseException | str, *, retry: bool = True) -> bool:  # type: ignore[misc]
+        """Record a failed attempt: back in the queue after a backoff, or dead when none are left."""
+        text = error_text(error)
+        if retry and self.attempts_left():
+            delay = backoff_delay(self)
+            changes = {"lease_token": None, "available_at": DbNow(delay), "last_error": text}
+            if type(self).objects.update_leased(self, "fail", **changes):
+                self.lease_token = None
+                self.last_error = text
+                events.failed(self, text, delay)
+                return True
+            return False
+        self.last_error = text
+        return self._finish(Outcome.DEAD, error=text)
+
+    def reject(  # type: ignore[misc]
+        self: Message, *, requeue: bool = True, delay: float | timedelta | None = None, reason: str = ""
+    ) -> bool:
+        """Give the message up: back in the queue (after ``delay``), or dead-lettered with ``reason``.
+
+        A requeue on the message's last attempt dead-letters it instead: no
+        message runs more often than its attempts allow.
+        """
+        seconds = validation.seconds(delay or 0, "delay")
+        reason = validation.storable_text(str(reason))
+        if not requeue:
+            return self._finish(Outcome.DEAD, error=reason or "rejected")
+        if not self.attempts_left():
+            why = f"rejected for a requeue on its last attempt ({self.attempts} of {self.max_attempts_allowed()})"
+            return self._finish(Outcome.DEAD, error=f"{reason}\n{why}".strip())
+        changes: dict[str, Any] = {"lease_token": None, "available_at": DbNow(seconds)}
+        if reason:
+            changes["last_error"] = reason
+        done = type(self).objects.update_leased(self, "reject", **changes)
+        if done:
+            self.lease_token = None
+            events.failed(self, reason or self.last_error, seconds)
+        return done
+
+    def snooze(  # type: ignore[misc]
+        self: Message, until: datetime | None = None, *, delay: float | timedelta | None = None
+    ) -> bool:
+        """Put the message off to a later time without using an attempt."""
+        if (until is None) == (delay is None):
+            raise InvalidOption("snooze needs exactly one of until or delay")
+        when = (
+            validation.aware_datetime(until, "until")
+            if until is not None
+            else DbNow(validation.seconds(delay, "delay"))
+        )
+        done = type(self).objects.update_leased(
+            self, "snooze", lease_token=None, available_at=when, attempts=F("attempts") - 1
+        )
+        if done:
+            self.lease_token = None
+        return done
+
+    def extend_lease(self: Message, seconds: float | timedelta) -> bool:  # type: ignore[misc]
+        """Push the lease's end to ``seconds`` from now (database clock). False if the lease was lost."""
+        amount = validation.seconds(seconds, "seconds", allow_zero=False)
+        return type(self).objects.update_leased(self, "extend lease of", available_at=DbNow(amount))
+
+    def release(self: Message) -> bool:  # type: ignore[misc]
+        """Give the message back unprocessed: it keeps its place, and the claim's attempt is not counted."""
+        using = self._state.db
+        leased = type(self).objects.using(using).leased(self)
+        done = with_retries(using, lambda: leased.give_back(count_attempt=False) == 1, what=f"release {self.pk}")
+        if done:
+            self.lease_token = None
+        return done

@@ -1,0 +1,126 @@
+"""Sending the lifecycle signals (defined in :mod:`django_dbqueue.signals`) once a change is durable.
+
+Every statement that moves a message announces it through here, so the
+rule "after commit, never for a rollback, free when nobody listens" is
+written once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+from django.dispatch import Signal
+
+from .. import signals
+
+if TYPE_CHECKING:
+    from .archive import ArchivedMessage
+    from .messages import Message
+
+logger = logging.getLogger("django_dbqueue")
+
+
+def _sender() -> type:
+    from .messages import Message
+
+    return Message
+
+
+def listened(signal: Signal) -> bool:
+    """Whether any receiver is connected: callers skip building events when none is."""
+    return bool(signal.receivers) and signal.has_listeners(_sender())
+
+
+def send(signal: Signal, using: str, events: list[dict[str, Any]]) -> None:
+    """Send ``signal`` once per event, now or, inside a transaction, when it commits."""
+    if not events or not listened(signal):
+        return
+    if connections[using].in_atomic_block:
+        transaction.on_commit(lambda: _deliver(signal, using, events), using=using)
+    else:
+        _deliver(signal, using, events)
+
+
+def _deliver(signal: Signal, using: str, events: list[dict[str, Any]]) -> None:
+    sender = _sender()
+    for event in events:
+        for receiver, response in signal.send_robust(sender=sender, using=using, **event):
+            if isinstance(response, Exception):
+                logger.error(
+                    "receiver %s of django_dbqueue signal %s raised; the queue operation stands",
+                    getattr(receiver, "__qualname__", receiver),
+                    _name(signal),
+                    exc_info=response,
+                )
+
+
+def _name(signal: Signal) -> str:
+    return next((f"message_{name}" for name, known in signals.SIGNALS.items() if known is signal), repr(signal))
+
+
+def settle(rows: list[ArchivedMessage], using: str) -> list[ArchivedMessage]:
+    """Archive rows as stored: times the database computed are read back (one query).
+
+    Only called when a receiver listens, so the hot path never pays for it.
+    """
+    if not rows or not any(_unsettled(row) for row in rows):
+        return rows
+    from .archive import ArchivedMessage
+
+    stored: dict[tuple[int, str], ArchivedMessage] = {}
+    found = ArchivedMessage.objects.using(using).filter(message_id__in=[row.message_id for row in rows])
+    for row in found.order_by("id"):
+        stored[(row.message_id, row.outcome)] = row  # the newest row wins
+    return [stored.get((row.message_id, row.outcome), row) for row in rows]
+
+
+def _unsettled(row: ArchivedMessage) -> bool:
+    return row.pk is None or any(
+        hasattr(getattr(row, name), "resolve_expression") for name in ("finished_at", "created_at")
+    )
+
+
+def enqueued(messages: list[Message], using: str) -> None:
+    """``message_enqueued`` for each message the call inserted (not for a live key found)."""
+    if listened(signals.message_enqueued):
+        send(signals.message_enqueued, using, [{"message": m, "queue": m.queue} for m in messages if m.was_created])
+
+
+def claimed(messages: list[Message], using: str, worker: str) -> None:
+    if messages and listened(signals.message_claimed):
+        send(signals.message_claimed, using, [{"message": m, "queue": m.queue, "worker": worker} for m in messages])
+
+
+def failed(message: Message, error: str, delay: float) -> None:
+    if listened(signals.message_failed):
+        event = {"message": message, "queue": message.queue, "error": error, "delay": delay}
+        send(signals.message_failed, message._state.db, [event])
+
+
+def finished(message: Message, outcome: str, archived: ArchivedMessage | None, row: dict[str, Any]) -> None:
+    """The signal of ``outcome`` (acked, dead, expired, cancelled) for one message."""
+    from .archive import Outcome
+
+    signal = {
+        Outcome.ACKED: signals.message_acked,
+        Outcome.DEAD: signals.message_dead_lettered,
+        Outcome.EXPIRED: signals.message_expired,
+        Outcome.CANCELLED: signals.message_cancelled,
+    }[outcome]
+    if not listened(signal):
+        return
+    using = message._state.db
+    event: dict[str, Any] = {
+        "message": message,
+        "queue": message.queue,
+        "archived": settle([archived], using)[0] if archived else None,
+    }
+    if outcome == Outcome.ACKED:
+        event.update(result=row.get("result"), worker=row.get("worker") or message.claimed_by)
+    elif outcome == Outcome.DEAD:
+        event["error"] = message.last_error if row.get("error") is None else row["error"]
+    elif outcome == Outcome.CANCELLED:
+        event["by"] = row.get("worker", "")
+    send(signal, using, [event])

@@ -1,0 +1,627 @@
+"""The hot table: live messages (ready, scheduled, in flight), and every statement on it.
+
+A finished message leaves this table for the archive in the same
+transaction as its acknowledgement, so the table's size is the backlog.
+Each rule of the lifecycle (docs/design.md) is written once, here: what a
+state is, what a lease guard matches, when attempts are used up, how a
+lease is given back, how a message moves to the archive.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+import warnings
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, models
+from django.db.models import Case, Count, F, Min, Q, Value, When
+from django.db.models.functions import Coalesce
+
+from .. import signals, validation
+from ..conf import database_for, get_settings, queue_options
+from ..db.clock import DbNow, db_now, insert_returns_expressions
+from ..db.errors import with_retries
+from ..db.transactions import write_transaction
+from ..exceptions import InvalidOption, NotClaimed, UnknownOption
+from . import events
+from .archive import ArchivedMessage, Outcome
+from .consuming import ConsumerActions
+from .statements import MESSAGE_TABLE, archive_copies, insert_messages
+
+
+class MessageState(models.TextChoices):
+    READY = "ready"
+    SCHEDULED = "scheduled"
+    IN_FLIGHT = "in_flight", "in flight"
+
+
+def state_filters() -> dict[str, Q]:
+    """The one definition of each live state, judged by the database's clock.
+
+    ``ready`` is claimable now (including messages whose lease ran out),
+    ``scheduled`` waits for its time, ``in_flight`` is leased to a worker.
+    """
+    now = DbNow()
+    return {
+        MessageState.READY: Q(available_at__lte=now),
+        MessageState.SCHEDULED: Q(available_at__gt=now, lease_token__isnull=True),
+        MessageState.IN_FLIGHT: Q(available_at__gt=now, lease_token__isnull=False),
+    }
+
+
+def exhausted(max_attempts: int) -> Q:
+    """Leased, with no attempts left (``max_attempts``: the queue's default for messages that set none)."""
+    return Q(lease_token__isnull=False, attempts__gte=Coalesce("max_attempts", Value(max_attempts)))
+
+
+ENQUEUE_OPTIONS = frozenset(
+    {"kind", "key", "delay", "run_at", "priority", "headers", "max_attempts", "expires_at", "using"}
+)
+
+
+def default_worker_name() -> str:
+    """How a claim names its worker when the caller does not: host and process."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def build_message(queue: str, payload: Any, options: dict[str, Any]) -> tuple[Message, float | None]:
+    """Validate one message's options and build it (unsaved). Returns it and its delay."""
+    unknown = set(options) - ENQUEUE_OPTIONS
+    if unknown:
+        raise UnknownOption(
+            f"unknown enqueue option(s) {', '.join(sorted(map(repr, unknown)))}; "
+            f"known: {', '.join(sorted(ENQUEUE_OPTIONS))}"
+        )
+    delay = options.get("delay")
+    run_at = validation.aware_datetime(options.get("run_at"), "run_at")
+    if delay is not None and run_at is not None:
+        raise InvalidOption("give delay or run_at, not both")
+    message = Message(
+        queue=validation.validate_queue_name(queue),
+        payload=validation.validate_payload(payload),
+        kind=validation.validate_kind(options.get("kind", "")),
+        key=validation.validate_key(options.get("key")),
+        headers=validation.validate_headers(options.get("headers")),
+        priority=validation.validate_priority(options.get("priority", 0)),
+        max_attempts=validation.validate_max_attempts(options.get("max_attempts")),
+        expires_at=validation.aware_datetime(options.get("expires_at"), "expires_at"),
+    )
+    if run_at is not None:
+        message.available_at = message.first_available_at = run_at
+    return message, None if delay is None else validation.seconds(delay, "delay")
+
+
+class MessageQuerySet(models.QuerySet["Message"]):
+    """Querysets whose methods name the states of the lifecycle."""
+
+    def for_queue(self, queue: str | Iterable[str]) -> MessageQuerySet:
+        return self.filter(queue=queue) if isinstance(queue, str) else self.filter(queue__in=list(queue))
+
+    def ready(self) -> MessageQuerySet:
+        return self.filter(state_filters()[MessageState.READY])
+
+    def scheduled(self) -> MessageQuerySet:
+        return self.filter(state_filters()[MessageState.SCHEDULED])
+
+    def in_flight(self) -> MessageQuerySet:
+        return self.filter(state_filters()[MessageState.IN_FLIGHT])
+
+    def in_state(self, state: str) -> MessageQuerySet:
+        return self.filter(state_filters()[MessageState(state)])
+
+    def with_state(self) -> MessageQuerySet:
+        """Annotate each row's state as ``current_state``, and the database's time as ``db_now`` (for ages)."""
+        return self.annotate(
+            db_now=DbNow(),
+            current_state=Case(
+                *(When(match, then=Value(state.value)) for state, match in state_filters().items()),
+                output_field=models.CharField(),
+            ),
+        )
+
+    def expired(self) -> MessageQuerySet:
+        return self.filter(expires_at__lte=DbNow())
+
+    def claimable(self, max_attempts: int) -> MessageQuerySet:
+        """What a claim may take now: ready, not expired, and not a poison message.
+
+        ``max_attempts`` is the queue's default, for messages that set none. A
+        message whose lease expired on its last attempt killed (or outlived)
+        its worker: the reaper dead-letters it, nobody claims it again.
+        """
+        not_expired = Q(expires_at__isnull=True) | Q(expires_at__gt=DbNow())
+        return self.ready().filter(not_expired).exclude(exhausted(max_attempts))
+
+    def any_claimable(self, queues: Iterable[str]) -> bool:
+        """Whether a claim on any of ``queues`` would find something now."""
+        return any(self.filter(queue=q).claimable(queue_options(q).max_attempts).exists() for q in queues)
+
+    def poison(self, max_attempts: int) -> MessageQuerySet:
+        """Messages whose lease ran out on their last attempt: the reaper dead-letters them."""
+        return self.ready().filter(exhausted(max_attempts))
+
+    def counts_by_queue(self) -> dict[str, dict[str, int]]:
+        """``{queue: {"ready": n, "scheduled": n, "in_flight": n}}`` in one query."""
+        rows = self.values("queue").annotate(
+            **{str(state): Count("id", filter=match) for state, match in state_filters().items()}
+        )
+        return {row["queue"]: {str(state): row[str(state)] for state in MessageState} for row in rows.order_by("queue")}
+
+    def oldest_ready_age(self, queue: str | Iterable[str] | None = None) -> timedelta | None:
+        """How long the oldest ready message has been waiting (None when none is)."""
+        qs = self.ready() if queue is None else self.for_queue(queue).ready()
+        oldest = qs.aggregate(oldest=Min("available_at"))["oldest"]
+        return None if oldest is None else max(db_now(self.db) - oldest, timedelta(0))
+
+    def leased(self, message: Message) -> MessageQuerySet:
+        """The queryset that matches ``message`` only while its holder's lease holds.
+
+        A lease that ran out is lost even before another worker claims the
+        message: the reaper or a new claim may act on it at any moment.
+        """
+        if message.pk is None or not message.lease_token:
+            raise NotClaimed(f"message {message.pk} is not claimed (it has no lease token); claim it first")
+        return self.filter(pk=message.pk, lease_token=message.lease_token, available_at__gt=DbNow())
+
+    def give_back(self, *, count_attempt: bool) -> int:
+        """Make these leased messages ready again, keeping their place in the queue.
+
+        A message given back (a dead worker's, a shutdown's unstarted ones, an
+        operator's release) becomes ready at the time it first became
+        available, not at "now", so it does not wait behind the backlog that
+        arrived after it. ``count_attempt=False`` (it never ran) gives the
+        claim's attempt back too.
+        """
+        changes: dict[str, Any] = {"lease_token": None, "available_at": F("first_available_at"), "claimed_by": ""}
+        if not count_attempt:
+            changes["attempts"] = F("attempts") - 1
+        return self.filter(lease_token__isnull=False).update(**changes)
+
+    def take_first(self, queue: str) -> Message | None:
+        """Remove and return the oldest message of a queue that only its one reader consumes (a reply queue)."""
+        found = self.filter(queue=queue).order_by("id").first()
+        if found is not None:
+            self.filter(pk=found.pk)._raw_delete(self.db)
+        return found
+
+    def locate(self, pk: int, **match: Any) -> Message | ArchivedMessage | None:
+        """The live message ``pk``, else its newest archive row, else None.
+
+        A message keeps its id in the archive as ``message_id``; ``match``
+        narrows both lookups (a queue, a kind).
+        """
+        live = self.filter(pk=pk, **match).first()
+        if live is not None:
+            return live
+        return ArchivedMessage.objects.using(self.db).filter(message_id=pk, **match).order_by("-id").first()
+
+    # --- producing ---------------------------------------------------------------
+
+    def enqueue(self, queue: str, payload: Any, **options: Any) -> Message:
+        """Validate, insert and announce one message; see :func:`django_dbqueue.enqueue`."""
+        message, delay = build_message(queue, payload, options)
+        using = database_for(queue, options.get("using") or (self.db if self._db else None))
+        self.using(using).insert(message, delay)
+        events.enqueued([message], using)
+        return message
+
+    def enqueue_many(self, queue: str, payloads: Iterable[Any], **options: Any) -> list[Message]:
+        """Validate, insert and announce many messages in one transaction; see :func:`django_dbqueue.enqueue_many`."""
+        options = dict(options)
+        queue = validation.validate_queue_name(queue)
+        using = database_for(queue, options.get("using") or (self.db if self._db else None))
+        payloads = list(payloads)
+        if options.get("key") is not None and len(payloads) > 1:
+            raise InvalidOption(
+                "one key for many payloads would keep only the first; give keys one by one with enqueue()"
+            )
+        pending = [build_message(queue, payload, options) for payload in payloads]
+        return self.using(using).insert_built(pending)
+
+    def insert_built(self, pending: list[tuple[Message, float | None]]) -> list[Message]:
+        """Insert built messages (with their delays) and announce the ones this call created."""
+        if not pending:
+            return []
+        result = self.insert_many(pending)
+        events.enqueued(result, self.db)
+        return result
+
+    def insert(self, message: Message, delay: float | None) -> Message:
+        """Insert one built, validated message (its times from the database clock).
+
+        A keyed message whose key is live is not inserted: ``message`` becomes
+        the live one and its ``was_created`` is False. Where the INSERT can
+        return the times it computed, it does; elsewhere the clock is read
+        before the INSERT, never read back after it: a worker may take the
+        message the moment it commits (a request's reply), and then there is
+        no row left to read.
+        """
+        using = self.db
+        scheduled = message.available_at is not None  # run_at was given
+        returned = insert_returns_expressions(using)
+
+        def insert() -> bool:
+            now = DbNow() if returned else db_now(using)
+            message.created_at = now
+            if not scheduled:
+                later = DbNow(delay or 0) if returned else now + timedelta(seconds=delay or 0)
+                message.available_at = message.first_available_at = later
+            if message.key is None:
+                message.save(using=using, force_insert=True)
+                return True
+            return self._insert_or_get(message)
+
+        message._dbqueue_created = with_retries(using, insert, what="enqueue")
+        return message
+
+    def _insert_or_get(self, message: Message) -> bool:
+        """Insert a keyed message unless its key is live; the unique index decides races."""
+        using = self.db
+        for _ in range(10):
+            try:
+                with write_transaction(using):
+                    message.save(using=using, force_insert=True)
+                return True
+            except IntegrityError:
+                message.pk = None
+                live = self.filter(queue=message.queue, key=message.key).first()
+                if live is not None:
+                    message.__dict__.update({k: v for k, v in live.__dict__.items() if k != "_state"})
+                    message._state.adding = False
+                    message._state.db = using
+                    return False
+                # The live one finished between our insert and our read: try again.
+        raise IntegrityError(f"could not insert or find key {message.key!r} in queue {message.queue!r}")
+
+    def insert_many(self, pending: list[tuple[Message, float | None]]) -> list[Message]:
+        """Insert built messages (with their delays), keyed or not, of one or more queues.
+
+        One transaction, multi-row inserts, retried on the database's weather.
+        Returns, in order, each message or, where its key was live, the live one.
+        """
+        if len(pending) == 1:  # one INSERT that returns its id on every database
+            return [self.insert(*pending[0])]
+        return with_retries(self.db, lambda: self._insert_many(pending), what="enqueue_many")
+
+    def _insert_many(self, pending: list[tuple[Message, float | None]]) -> list[Message]:
+        using = self.db
+        batch = get_settings().enqueue_batch_size
+        now = db_now(using)
+        messages = []
+        for message, delay in pending:
+            message.created_at = now
+            if message.available_at is None:
+                message.available_at = message.first_available_at = now + timedelta(seconds=delay or 0)
+            messages.append(message)
+        with write_transaction(using):
+            plain = [m for m in messages if m.key is None]
+            insert_messages(using, plain, batch)
+            for message in plain:
+                message._dbqueue_created = True
+            keyed = [m for m in messages if m.key is not None]
+            if not keyed:
+                return messages
+            live = self._insert_keyed(keyed, batch)
+            result = []
+            for message in messages:
+                if message.key is None:
+                    result.append(message)
+                    continue
+                row = live[(message.queue, message.key)]
+                # Ours if the row carries this call's enqueue time and payload.
+                row._dbqueue_created = row.created_at == now and row.payload == message.payload
+                result.append(row)
+            return result
+
+    def _insert_keyed(self, keyed: list[Message], batch: int) -> dict[tuple[str, str], Message]:
+        """Insert keyed messages whose key is not live; return the live row of every key.
+
+        A live message with one of these keys may finish (and its delete
+        commit) between our INSERT, which skipped the key, and our read,
+        which then no longer finds it: such keys are inserted again, a
+        bounded number of times.
+        """
+        live: dict[tuple[str, str], Message] = {}
+        missing = keyed
+        for _ in range(10):
+            self.bulk_create(missing, batch_size=batch, ignore_conflicts=True)
+            by_queue: dict[str, set[str]] = defaultdict(set)
+            for message in missing:
+                by_queue[message.queue].add(message.key)
+            for queue, key_set in sorted(by_queue.items()):
+                keys = sorted(key_set)
+                for start in range(0, len(keys), batch):
+                    for row in self.filter(queue=queue, key__in=keys[start : start + batch]):
+                        live[(queue, row.key)] = row
+            missing = [m for m in keyed if (m.queue, m.key) not in live]
+            if not missing:
+                return live
+            for message in missing:
+                message.pk = None
+        raise IntegrityError(
+            f"could not insert or find keys {sorted(m.key for m in missing)[:5]} of enqueue_many "
+            "after 10 tries: live messages with these keys keep finishing and coming back"
+        )
+
+    # --- consuming -------------------------------------------------------------
+
+    def claim(
+        self,
+        queues: str | Iterable[str],
+        limit: int = 1,
+        *,
+        visibility_timeout: float | timedelta | None = None,
+        worker: str | None = None,
+    ) -> list[Message]:
+        """Lease up to ``limit`` claimable messages of ``queues`` in one short transaction.
+
+        ``SELECT ... FOR UPDATE SKIP LOCKED`` walking the claim index, then one
+        UPDATE per lease length; retried on the database's weather. See
+        :func:`django_dbqueue.claim`.
+        """
+        names = validation.validate_queues(queues if isinstance(queues, str) else list(queues))
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidOption(f"limit must be a positive integer, not {limit!r}")
+        timeout = (
+            None
+            if visibility_timeout is None
+            else validation.seconds(visibility_timeout, "visibility_timeout", allow_zero=False)
+        )
+        using = database_for(names, self.db if self._db else None)
+        worker = worker or default_worker_name()
+        manager = self.using(using)
+        claimed = with_retries(using, lambda: manager._claim(names, limit, timeout, worker), what="claim")
+        events.claimed(claimed, using, worker)
+        return claimed
+
+    def _claim(self, queues: list[str], limit: int, timeout: float | None, worker: str) -> list[Message]:
+        claimed: list[Message] = []
+        with write_transaction(self.db):
+            for name in queues:
+                wanted = limit - len(claimed)
+                if wanted <= 0:
+                    break
+                claimed += list(
+                    self.select_for_update(skip_locked=True)
+                    .filter(queue=name)
+                    .claimable(queue_options(name).max_attempts)
+                    .annotate(db_now=DbNow())
+                    .order_by("priority", "available_at", "id")[:wanted]
+                )
+            if not claimed:
+                return []
+            now = claimed[0].db_now
+            token = uuid.uuid4().hex
+            by_timeout: dict[float, list[int]] = defaultdict(list)
+            for message in claimed:
+                by_timeout[timeout or queue_options(message.queue).visibility_timeout].append(message.pk)
+            for seconds, ids in by_timeout.items():
+                self.filter(pk__in=ids).update(
+                    lease_token=token,
+                    available_at=now + timedelta(seconds=seconds),
+                    claimed_at=now,
+                    claimed_by=worker,
+                    attempts=F("attempts") + 1,
+                )
+        for message in claimed:
+            seconds = timeout or queue_options(message.queue).visibility_timeout
+            message.lease_token = token
+            message.available_at = now + timedelta(seconds=seconds)
+            message.claimed_at = now
+            message.claimed_by = worker
+            message.attempts += 1
+        return claimed
+
+    def update_leased(self, message: Message, what: str, **changes: Any) -> bool:
+        """Change a message only while its lease holds; False if the lease was lost."""
+        leased = self.using(message._state.db).leased(message)
+        return with_retries(
+            message._state.db, lambda: leased.update(**changes) == 1, what=f"{what} message {message.pk}"
+        )
+
+    def extend_leases(self, token: str, ids: list[int], seconds: float) -> int:
+        """Push the leases of ``ids`` under ``token`` to ``seconds`` from now; a lease already lost stays lost."""
+        return self.filter(pk__in=ids, lease_token=token, available_at__gt=DbNow()).update(available_at=DbNow(seconds))
+
+    def release_from(self, worker: str) -> int:
+        """Give back every message ``worker`` holds (a dead worker's); the attempt it used counts."""
+        return self.filter(claimed_by=worker).give_back(count_attempt=True)
+
+    def run_now(self, pk: int) -> bool:
+        """Make a scheduled (or backing-off) message ready now; in-flight ones are left alone."""
+        return with_retries(
+            self.db,
+            lambda: self.filter(pk=pk, lease_token__isnull=True).update(available_at=DbNow()) == 1,
+            what="run now",
+        )
+
+    # --- finishing ---------------------------------------------------------------
+
+    def finish(
+        self, message: Message, outcome: str, match: str = "lease", **row: Any
+    ) -> tuple[bool, ArchivedMessage | None]:
+        """Delete ``message`` and archive it as ``outcome``, atomically.
+
+        ``match`` picks the row to delete: ``"lease"`` only while the caller's
+        lease holds, ``"token"`` while the lease token read earlier is still
+        there (even run out: the reaper), ``"id"`` whoever holds it (operators).
+        Returns whether it was there to delete, and the archive row written
+        (None when archiving is off for an acked message).
+        """
+        using = message._state.db or "default"
+        guard = {
+            "lease": lambda: self.using(using).leased(message),
+            "token": lambda: self.using(using).filter(pk=message.pk, lease_token=message.lease_token),
+            "id": lambda: self.using(using).filter(pk=message.pk),
+        }[match]()
+        archived: list[ArchivedMessage] = []
+
+        def run() -> bool:
+            archived.clear()
+            with write_transaction(using):
+                # _raw_delete: one DELETE, no collector SELECT (nothing cascades from messages).
+                if guard._raw_delete(using) != 1:
+                    return False
+                if outcome != Outcome.ACKED or queue_options(message.queue).archive:
+                    archived.append(ArchivedMessage.from_live(message, outcome, **row))
+                    archived[0].save(using=using, force_insert=True)
+                return True
+
+        done = with_retries(using, run, what=f"{outcome} message {message.pk}")
+        return done, (archived[0] if archived and done else None)
+
+    def ack_many(
+        self, messages: Iterable[Message], *, worker: str | None = None, results: Mapping[int, Any] | None = None
+    ) -> list[bool]:
+        """Acknowledge a batch, one transaction per database; per message, whether its lease held."""
+        messages = list(messages)
+        by_db: dict[str, list[Message]] = defaultdict(list)
+        for message in messages:
+            by_db[message._state.db].append(message)
+        owned: set[int] = set()
+        for using, group in by_db.items():
+            acked = self.using(using).ack_batch(group, worker or "", results or {})
+            owned |= acked
+            if acked and events.listened(signals.message_acked):
+                # The rows were copied inside the database: read them back, only for listeners.
+                stored = ArchivedMessage.objects.using(using).filter(message_id__in=acked, outcome=Outcome.ACKED)
+                rows_by_id = {row.message_id: row for row in stored.order_by("id")}
+                for m in group:
+                    if m.pk in acked:
+                        row = {"result": (results or {}).get(m.pk), "worker": worker}
+                        events.finished(m, Outcome.ACKED, rows_by_id.get(m.pk), row)
+        return [message.pk in owned for message in messages]
+
+    def ack_batch(self, messages: list[Message], worker: str, results: Mapping[int, Any]) -> set[int]:
+        """Acknowledge messages of one database in one transaction; returns the ids whose lease held."""
+        using = self.db
+        for message in messages:
+            self.leased(message)  # refuses a message never claimed
+        tokens: dict[str, list[int]] = defaultdict(list)
+        for message in messages:
+            tokens[message.lease_token].append(message.pk)
+        match = Q()
+        for token, ids in tokens.items():
+            match |= Q(lease_token=token, pk__in=ids)
+        # Like ack(): a lease that ran out is lost even before someone else claims it.
+        match &= Q(available_at__gt=DbNow())
+        kept: dict[int, Any] = {}
+        notes: dict[int, str] = {}
+        for message in messages:
+            value, why = validation.storable_result(results.get(message.pk))
+            if why is not None:
+                notes[message.pk] = validation.storable_text(f"{message.last_error}\nresult not kept: {why}".strip())
+            elif value is not None:
+                kept[message.pk] = value
+
+        def run() -> set[int]:
+            with write_transaction(using):
+                owned = set(self.select_for_update().filter(match).values_list("pk", flat=True))
+                if not owned:
+                    return owned
+                archived = [m.pk for m in messages if m.pk in owned and queue_options(m.queue).archive]
+                archive_copies(using, archived, Outcome.ACKED, worker, kept, notes)
+                self.filter(pk__in=owned)._raw_delete(using)
+            return owned
+
+        return with_retries(using, run, what="ack_many")
+
+    def expire_batch(self, limit: int) -> tuple[list[Message], list[ArchivedMessage]]:
+        """Archive, as expired, up to ``limit`` messages past ``expires_at`` that nobody holds."""
+        using = self.db
+
+        def run() -> tuple[list[Message], list[ArchivedMessage]]:
+            with write_transaction(using):
+                rows = list(
+                    self.select_for_update(skip_locked=True)
+                    .filter(expires_at__lte=DbNow())
+                    .filter(Q(lease_token__isnull=True) | Q(available_at__lte=DbNow()))
+                    .order_by("expires_at")[:limit]
+                )
+                if not rows:
+                    return [], []
+                self.filter(pk__in=[m.pk for m in rows])._raw_delete(using)
+                archived = [
+                    ArchivedMessage.from_live(m, Outcome.EXPIRED, worker="reaper", error=m.last_error) for m in rows
+                ]
+                ArchivedMessage.objects.using(using).bulk_create(archived)
+                return rows, archived
+
+        return with_retries(using, run, what="expiry")
+
+
+class MessageManager(models.Manager.from_queryset(MessageQuerySet)):  # type: ignore[misc]
+    """``Message.objects``: every statement on the live table, also after ``.using(alias)``."""
+
+
+class Message(ConsumerActions, models.Model):
+    """A live message: ready, scheduled or in flight."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=64)
+    kind = models.CharField(max_length=100, blank=True, default="", db_default="")
+    key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 (NULL keys never collide)
+    payload = models.JSONField()
+    headers = models.JSONField(default=dict, blank=True)
+    priority = models.SmallIntegerField(default=0, db_default=0, help_text="Smaller runs first.")
+    available_at = models.DateTimeField(help_text="Claimable from this time; a claim pushes it to the lease's end.")
+    first_available_at = models.DateTimeField(help_text="When it first became available; retries keep it.")
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True)
+    lease_token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001 (NULL: not leased)
+    claimed_by = models.CharField(max_length=255, blank=True, default="", db_default="")
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0, db_default=0)
+    max_attempts = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Empty: the queue's MAX_ATTEMPTS setting."
+    )
+    last_error = models.TextField(blank=True, default="", db_default="")
+    replay_of = models.BigIntegerField(null=True, blank=True, help_text="The archived (dead) message this one replays.")
+
+    objects = MessageManager()
+
+    class Meta:
+        app_label = "django_dbqueue"
+        db_table = MESSAGE_TABLE
+        ordering = ["priority", "available_at", "id"]
+        indexes = [
+            # Serves the claim: WHERE queue = ? AND available_at <= now
+            # ORDER BY priority, available_at, id, walked in index order.
+            models.Index(fields=["queue", "priority", "available_at", "id"], name="dbqueue_msg_claim"),
+            models.Index(fields=["expires_at"], name="dbqueue_msg_expires"),
+        ]
+        constraints = [
+            # NULL keys never collide, so only keyed messages are deduplicated.
+            models.UniqueConstraint(fields=["queue", "key"], name="dbqueue_msg_queue_key"),
+        ]
+        permissions = [("cancel_message", "Can cancel, run now and release live messages")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}#{self.pk}" + (f" ({self.kind})" if self.kind else "")
+
+    @property
+    def was_created(self) -> bool:
+        """After ``enqueue``: True if the call inserted this message, False if it found its key live."""
+        return getattr(self, "_dbqueue_created", False)
+
+    def max_attempts_allowed(self) -> int:
+        """The message's own MAX_ATTEMPTS, else its queue's."""
+        return self.max_attempts or queue_options(self.queue).max_attempts
+
+    def attempts_left(self) -> bool:
+        """Whether another attempt is allowed after this one.
+
+        The one rule for "attempts used up", in Python; :func:`exhausted` is
+        the same rule in SQL, for the claim and the reaper.
+        """
+        return self.attempts < self.max_attempts_allowed()
+
+    def defer(self, until: datetime | None = None, *, delay: float | timedelta | None = None) -> bool:  # type: ignore[override]
+        """Deprecated alias of :meth:`snooze` (``defer`` is also the name of Django's ``QuerySet.defer``)."""
+        warnings.warn("Message.defer() is deprecated; use Message.snooze()", DeprecationWarning, stacklevel=2)
+        return self.snooze(until, delay=delay)
