@@ -9,18 +9,39 @@ letter after the last attempt).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import selectors
 import shlex
+import signal
 import subprocess
+import time
 from typing import TYPE_CHECKING
 
 from .exceptions import CommandFailed, InvalidOption
+from .validation import storable_text
 
 if TYPE_CHECKING:
     from .models import Message
 
 TAIL = 4000  # characters of stderr (errors) and stdout (results) kept
+KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when a command outlives its timeout
+PIPE_GRACE = 1.0  # seconds to drain the pipes after the command exited (a background child may hold them)
+
+
+class Tail:
+    """The last bytes a pipe delivered, bounded while the command runs (300 MB of output keeps 16 KB)."""
+
+    def __init__(self, keep: int = TAIL * 4) -> None:
+        self.keep = keep
+        self.data = b""
+
+    def add(self, chunk: bytes) -> None:
+        self.data = (self.data + chunk)[-self.keep :]
+
+    def text(self) -> str:
+        return storable_text(self.data.decode(errors="replace")[-TAIL:])
 
 
 class ExecHandler:
@@ -47,18 +68,100 @@ class ExecHandler:
 
     def __call__(self, message: Message) -> str:
         try:
-            done = subprocess.run(
+            process = subprocess.Popen(
                 self.argv,
-                input=json.dumps(message.payload).encode(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 env=self.environment(message),
-                capture_output=True,
-                timeout=self.timeout,
-                check=False,
+                start_new_session=True,  # its own process group: a timeout kills its children too
             )
         except OSError as exc:  # missing, not executable, ...
             raise CommandFailed(f"cannot run {self.argv[0]!r}: {exc.strerror or exc}") from exc
-        if done.returncode != 0:
-            tail = done.stderr.decode(errors="replace")[-TAIL:].strip()
-            raise CommandFailed(f"{shlex.join(self.argv)} exited with status {done.returncode}\n{tail}".strip())
+        out, err = Tail(), Tail()
+        finished = self._communicate(process, json.dumps(message.payload).encode(), out, err)
+        if not finished:
+            self._kill_group(process)
+            raise CommandFailed(
+                f"{shlex.join(self.argv)} ran longer than {self.timeout:g}s and was killed with its process group\n"
+                f"{err.text()}".strip()
+            )
+        status = process.wait()
+        if status != 0:
+            raise CommandFailed(f"{shlex.join(self.argv)} exited with status {status}\n{err.text().strip()}".strip())
         # What the command printed is kept as the message's result (the tail, as text).
-        return done.stdout.decode(errors="replace")[-TAIL:]
+        return out.text()
+
+    def _communicate(self, process: subprocess.Popen[bytes], payload: bytes, out: Tail, err: Tail) -> bool:
+        """Feed stdin and keep the output's tails until the command exits; False if it timed out.
+
+        One thread, non-blocking pipes: a command that never reads its
+        stdin cannot block us, output is never held whole, and once the
+        command has exited we read for at most PIPE_GRACE more, so a
+        background child that keeps the pipes open does not hold the message.
+        """
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        tails = {process.stdout: out, process.stderr: err}
+        pending = memoryview(payload)
+        with selectors.DefaultSelector() as selector:
+            for pipe in tails:
+                os.set_blocking(pipe.fileno(), False)  # type: ignore[union-attr]
+                selector.register(pipe, selectors.EVENT_READ)  # type: ignore[arg-type]
+            os.set_blocking(process.stdin.fileno(), False)  # type: ignore[union-attr]
+            selector.register(process.stdin, selectors.EVENT_WRITE)  # type: ignore[arg-type]
+            exited_at = None
+            try:
+                while selector.get_map():
+                    now = time.monotonic()
+                    if exited_at is None and process.poll() is not None:
+                        exited_at = now
+                    if exited_at is not None and now - exited_at >= PIPE_GRACE:
+                        break
+                    if exited_at is None and deadline is not None and now >= deadline:
+                        return False
+                    for key, _ in selector.select(timeout=0.05):
+                        pipe = key.fileobj
+                        if pipe is process.stdin:
+                            try:
+                                written = os.write(pipe.fileno(), pending[:65536])  # type: ignore[union-attr]
+                            except BlockingIOError:
+                                continue
+                            except BrokenPipeError:
+                                written = len(pending)  # it exited or closed stdin unread: its status tells
+                            pending = pending[written:]
+                            if not pending:
+                                selector.unregister(pipe)
+                                pipe.close()  # type: ignore[union-attr]
+                            continue
+                        try:
+                            chunk = os.read(pipe.fileno(), 65536)  # type: ignore[union-attr]
+                        except BlockingIOError:
+                            continue
+                        if chunk:
+                            tails[pipe].add(chunk)
+                        else:
+                            selector.unregister(pipe)
+            finally:
+                for pipe in (process.stdin, process.stdout, process.stderr):
+                    with contextlib.suppress(OSError, ValueError):
+                        pipe.close()  # type: ignore[union-attr]
+        if exited_at is None:  # every pipe closed before the command exited: wait for it, within the timeout
+            try:
+                process.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return False
+        return True
+
+    @staticmethod
+    def _kill_group(process: subprocess.Popen[bytes]) -> None:
+        """SIGTERM to the command's process group, SIGKILL after KILL_GRACE if it is still there."""
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(process.pid, signum)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(timeout=KILL_GRACE)
+                break
+            except subprocess.TimeoutExpired:
+                continue

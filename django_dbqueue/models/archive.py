@@ -150,6 +150,10 @@ class ArchivedMessage(models.Model):
             # Serves the dead letters' list: WHERE outcome = 'dead' ORDER BY
             # finished_at DESC, id DESC, read backwards in index order.
             models.Index(fields=["outcome", "finished_at", "id"], name="dbqueue_arc_outcome_finished"),
+            # The reaper's pruning of one queue by its own RETENTION_DAYS.
+            models.Index(fields=["queue", "finished_at"], name="dbqueue_arc_queue_finished"),
+            # The admin's exact search by key.
+            models.Index(fields=["key"], name="dbqueue_arc_key"),
         ]
         permissions = [("replay_archivedmessage", "Can replay dead letters")]
 

@@ -594,6 +594,11 @@ class Message(ConsumerActions, models.Model):
             # ORDER BY priority, available_at, id, walked in index order.
             models.Index(fields=["queue", "priority", "available_at", "id"], name="dbqueue_msg_claim"),
             models.Index(fields=["expires_at"], name="dbqueue_msg_expires"),
+            # The reaper: leases that ran out (poison messages), and a dead worker's claims.
+            models.Index(fields=["lease_token", "available_at"], name="dbqueue_msg_lease"),
+            models.Index(fields=["claimed_by"], name="dbqueue_msg_claimed_by"),
+            # The admin's exact search by key, in every queue.
+            models.Index(fields=["key"], name="dbqueue_msg_key"),
         ]
         constraints = [
             # NULL keys never collide, so only keyed messages are deduplicated.

@@ -73,6 +73,7 @@ class Worker(models.Model):
         app_label = "django_dbqueue"
         db_table = "dbqueue_worker"
         ordering = ["hostname", "pid"]
+        indexes = [models.Index(fields=["last_heartbeat_at"], name="dbqueue_worker_heartbeat")]
 
     def __str__(self) -> str:
         return self.name

@@ -28,6 +28,12 @@ class Command(BaseCommand):
         parser.add_argument("--max-runtime", type=positive_float, help="Exit after this many seconds.")
         parser.add_argument("--grace", type=non_negative_float, help="Seconds running handlers get after a signal.")
         parser.add_argument("--exec", dest="exec_command", metavar="CMD", help="Run CMD per message, payload on stdin.")
+        parser.add_argument(
+            "--exec-timeout",
+            type=positive_float,
+            metavar="SECONDS",
+            help="Kill an --exec command (and its process group) running longer; the attempt fails.",
+        )
         parser.add_argument("--reap", action="store_true", help="Also run the reaper in this process.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -35,10 +41,13 @@ class Command(BaseCommand):
         if options["exec_command"] is not None:
             if not options["queues"]:
                 raise CommandError("--exec needs the queues to serve named")
+        elif options["exec_timeout"] is not None:
+            raise CommandError("--exec-timeout applies to --exec commands only")
+        if options["exec_command"] is not None:
             from django_dbqueue.execmode import ExecHandler
 
             try:
-                handler = ExecHandler(options["exec_command"])
+                handler = ExecHandler(options["exec_command"], timeout=options["exec_timeout"])
             except DbQueueError as exc:
                 raise CommandError(str(exc)) from exc
         if options["verbosity"] >= 2:
