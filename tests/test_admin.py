@@ -9,8 +9,8 @@ from django.utils import timezone
 
 import django_dbqueue
 from django_dbqueue.models import ArchivedMessage, Message, Outcome, QueueState
-from tests.admin_helpers import changelist, post_action, staff, user_messages
-from tests.factories import ArchivedMessageFactory, MessageFactory, WorkerFactory
+from tests.support.admin_helpers import changelist, post_action, staff, user_messages
+from tests.support.factories import ArchivedMessageFactory, MessageFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -18,9 +18,8 @@ from django_dbqueue.analytics.job import AnalyticsJob, hour_window
 from django_dbqueue.analytics.source import JdbcSource, Window
 from django_dbqueue.analytics.synthetic import archive_rows, insert_archive
 from django_dbqueue.models import ArchivedMessage, Message, QueueStat
-
-from .analytics_reference import reference, within_rank_error
-from .factories import MessageFactory
+from tests.support.analytics_reference import reference, within_rank_error
+from tests.support.factories import MessageFactory
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db]
 

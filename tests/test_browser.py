@@ -18,8 +18,8 @@ from django.utils import timezone
 
 import django_dbqueue
 from django_dbqueue.models import ArchivedMessage, Message, Outcome
-from tests.factories import ArchivedMessageFactory, MessageFactory, WorkerFactory
-from tests.processes import read_marks, start_worker, wait_for
+from tests.support.factories import ArchivedMessageFactory, MessageFactory, WorkerFactory
+from tests.support.processes import read_marks, start_worker, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

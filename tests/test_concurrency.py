@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 
 from django_dbqueue.models import ArchivedMessage, Message
-from tests.processes import results, start
+from tests.support.processes import results, start
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -7,7 +7,7 @@ from django.utils import timezone
 import django_dbqueue
 from django_dbqueue.exceptions import NotClaimed
 from django_dbqueue.models import ArchivedMessage, Message, Outcome
-from tests.factories import MessageFactory
+from tests.support.factories import MessageFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -4,7 +4,7 @@ import django_dbqueue
 from django_dbqueue import control
 from django_dbqueue.exceptions import AlreadyReplayed, DuplicateKey, InvalidOption, PayloadNotSerializable
 from django_dbqueue.models import ArchivedMessage, Message, Outcome, QueueState
-from tests.factories import ArchivedMessageFactory
+from tests.support.factories import ArchivedMessageFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

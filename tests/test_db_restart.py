@@ -6,8 +6,8 @@ import time
 import pytest
 from django.db import connection
 
-from tests.mariadb_server import MariaDBServer, find
-from tests.processes import start, start_command, wait_for
+from tests.support.mariadb_server import MariaDBServer, find
+from tests.support.processes import start, start_command, wait_for
 
 MESSAGES = 3000
 pytestmark = pytest.mark.slow

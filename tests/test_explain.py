@@ -64,7 +64,7 @@ def test_reaper_refreshes_postgres_statistics_after_a_bulk_load():
         pytest.skip("InnoDB and SQLite need no help; PostgreSQL's planner does")
     from django_dbqueue.db.stats import refresh_statistics
     from django_dbqueue.reaper import Reaper
-    from tests.processes import wait_for
+    from tests.support.processes import wait_for
 
     django_dbqueue.enqueue_many("claims", [{"n": n} for n in range(5000)])
     # Statistics counters reach pg_stat_user_tables within about a second.

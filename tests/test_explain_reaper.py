@@ -13,7 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue.reaper import Reaper
-from tests.factories import WorkerFactory
+from tests.support.factories import WorkerFactory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from django_dbqueue.charts import Series, hourly_bars
 from django_dbqueue.control import set_paused
 from django_dbqueue.models import Message, Outcome, QueueStat
 from django_dbqueue.overview import HOURS, build_overview, format_age
-from tests.factories import ArchivedMessageFactory, MessageFactory, WorkerFactory
+from tests.support.factories import ArchivedMessageFactory, MessageFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
 

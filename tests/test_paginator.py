@@ -11,7 +11,7 @@ from django.utils import timezone
 from django_dbqueue.db.stats import estimated_row_count
 from django_dbqueue.models import ArchivedMessage, DeadLetter, Outcome
 from django_dbqueue.paginator import EstimatingPaginator
-from tests.admin_helpers import changelist, staff
+from tests.support.admin_helpers import changelist, staff
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ import django_dbqueue
 from django_dbqueue.db.transactions import try_lock
 from django_dbqueue.models import ArchivedMessage, Message, Outcome, Worker
 from django_dbqueue.reaper import Reaper, lock_name
-from tests.factories import ArchivedMessageFactory, WorkerFactory
+from tests.support.factories import ArchivedMessageFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

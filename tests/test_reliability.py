@@ -21,7 +21,7 @@ from django_dbqueue.models.consuming import backoff_delay
 from django_dbqueue.models.workers import WorkerQuerySet
 from django_dbqueue.operations import build_message, enqueue_built
 from django_dbqueue.reaper import Reaper
-from tests.factories import WorkerFactory
+from tests.support.factories import WorkerFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,7 +13,7 @@ from django_dbqueue.exceptions import InvalidOption, RequestFailed, RequestTimeo
 from django_dbqueue.models import ArchivedMessage, Message, Outcome
 from django_dbqueue.reaper import Reaper
 from django_dbqueue.worker import ExitStatus
-from tests.processes import start_worker, wait_for
+from tests.support.processes import start_worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -31,7 +31,7 @@ from django_dbqueue.taskframework import (
 )
 from django_dbqueue.tasks import TASK_KIND, DatabaseQueueBackend, exception_class_path
 from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
-from tests.processes import start_worker
+from tests.support.processes import start_worker
 from tests.testapp import tasks
 from tests.testapp.models import Order
 

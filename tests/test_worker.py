@@ -12,7 +12,7 @@ import django_dbqueue
 from django_dbqueue import handlers
 from django_dbqueue.models import ArchivedMessage, Message, Outcome, Worker
 from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
-from tests.processes import ROOT, read_marks, start_worker, wait_for
+from tests.support.processes import ROOT, read_marks, start_worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -288,7 +288,7 @@ def test_exec_mode_acks_on_exit_0_and_fails_with_stderr(tmp_path):
     marks = tmp_path / "marks"
     ok = django_dbqueue.enqueue("w-exec", {"exit": 0, "text": "it's $(rm -rf /); `x`"}, kind="k1")
     bad = django_dbqueue.enqueue("w-exec", {"exit": 3}, max_attempts=1)
-    command = f"{sys.executable} {ROOT / 'tests' / 'exec_consumer.py'} {marks}"
+    command = f"{sys.executable} {ROOT / 'tests' / 'support' / 'exec_consumer.py'} {marks}"
     worker = start_worker("w-exec", "--until-empty", "--exec", command)
     _, err = worker.communicate(timeout=60)
     assert worker.returncode == ExitStatus.OK, err

@@ -1,4 +1,4 @@
-"""Roles the concurrency tests run in separate processes (see tests/processes.py)."""
+"""Roles the concurrency tests run in separate processes (see tests/support/processes.py)."""
 
 from __future__ import annotations
 

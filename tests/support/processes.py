@@ -1,6 +1,6 @@
 """Run test roles in real OS processes against the test database.
 
-A child is ``python -m tests.child ROLE ARGS...``; it reaches the same test
+A child is ``python -m tests.support.child ROLE ARGS...``; it reaches the same test
 database as the pytest process through ``DBQUEUE_TEST_DATABASE_NAME`` and
 prints one JSON line with its results.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from django.db import connection
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -30,7 +30,7 @@ def child_env(**extra: str) -> dict[str, str]:
 def start(role: str, *args: object, **env: str) -> subprocess.Popen[str]:
     # Close our connection's transaction state first: children must see committed data.
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.child", role, *map(str, args)],
+        [sys.executable, "-m", "tests.support.child", role, *map(str, args)],
         cwd=ROOT,
         env=child_env(**env),
         stdout=subprocess.PIPE,
