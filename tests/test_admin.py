@@ -8,6 +8,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 import django_dbqueue
+from django_dbqueue.admin import MessageAdmin
+from django_dbqueue.admin import base as admin_base
 from django_dbqueue.models import ArchivedMessage, Message, Outcome, QueueState
 from tests.support.admin_helpers import changelist, post_action, staff, user_messages
 from tests.support.factories import ArchivedMessageFactory, MessageFactory, WorkerFactory
@@ -203,6 +205,27 @@ def test_run_now_cancel_and_release_actions(client):
     assert "1 cancelled." in user_messages(response)
     row = ArchivedMessage.objects.get(message_id=claimed.pk)
     assert row.outcome == Outcome.CANCELLED and row.finished_by == "ops"
+
+
+def test_an_action_handles_at_most_its_limit_of_rows_and_says_so(client, monkeypatch):
+    monkeypatch.setattr(MessageAdmin, "action_limit", 2)
+    client = operator(client, "cancel_message")
+    first, _, last = (MessageFactory(queue="q", scheduled=True) for _ in range(3))
+    response = post_action(client, "message", "run_now", [first.pk], select_across=1)  # "select all 3"
+    assert "2 made ready now." in user_messages(response)
+    assert any(m.startswith("Only the first 2 selected rows were handled") for m in user_messages(response))
+    assert Message.objects.ready().count() == 2
+    assert list(Message.objects.scheduled().values_list("pk", flat=True)) == [last.pk]  # the list's order
+
+
+def test_refusals_are_listed_up_to_a_limit(client, monkeypatch):
+    monkeypatch.setattr(admin_base, "REPORT_LIMIT", 2)
+    client = operator(client, "replay_archivedmessage")
+    acked = [ArchivedMessageFactory() for _ in range(5)]
+    response = post_action(client, "archivedmessage", "replay", [row.pk for row in acked])
+    refusals = [m for m in user_messages(response) if m.startswith("Refused")]
+    assert len(refusals) == 3 and refusals[-1] == "Refused 3 more."
+    assert not Message.objects.exists()
 
 
 def test_detail_buttons_post_the_same_actions(client):

@@ -9,7 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from django_dbqueue.charts import Series, hourly_bars
+from django_dbqueue.admin.charts import Series, hourly_bars
 from django_dbqueue.control import set_paused
 from django_dbqueue.models import Message, Outcome, QueueStat
 from django_dbqueue.overview import HOURS, build_overview, format_age

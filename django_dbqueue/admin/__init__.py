@@ -1,0 +1,33 @@
+"""The operators' admin: live messages, the archive, dead letters, the queues' overview, subscriptions.
+
+Every action calls :mod:`django_dbqueue.control` (never writes fields
+itself), is a POST through the admin's CSRF-protected views, and needs its
+own permission: ``cancel_message`` (cancel, run now, release),
+``replay_archivedmessage`` (replay, edit and replay), ``pause_queue``
+(pause, resume), ``delete_deadletter`` (purge). Seeing needs the model's
+view permission. Payloads and errors are escaped wherever they are shown.
+
+Importing this package (Django's admin autodiscovery does) registers:
+
+- ``messages``: live messages (:class:`MessageAdmin`);
+- ``archive``: the archive and its dead letters (:class:`ArchiveAdmin`, :class:`DeadLetterAdmin`);
+- ``overview``: the Queues page with pause and resume (:class:`QueueOverviewAdmin`);
+- ``subscriptions`` and ``stats``: topic subscriptions, the analytics' hourly figures.
+
+``base`` holds what they share, ``filters`` their list filters, ``charts`` the overview's SVG.
+"""
+
+from .archive import ArchiveAdmin, DeadLetterAdmin
+from .messages import MessageAdmin
+from .overview import QueueOverviewAdmin
+from .stats import QueueStatAdmin
+from .subscriptions import SubscriptionAdmin
+
+__all__ = [
+    "ArchiveAdmin",
+    "DeadLetterAdmin",
+    "MessageAdmin",
+    "QueueOverviewAdmin",
+    "QueueStatAdmin",
+    "SubscriptionAdmin",
+]

@@ -1,0 +1,198 @@
+"""What the queue admins share: no edit forms, operators' permissions, escaped display, bounded actions.
+
+Rows of the queue's tables change only through :mod:`django_dbqueue.control`
+(one short transaction per row, nothing changed when its precondition
+fails): the admins here read through querysets and write through those
+controls, never by saving a form or updating a queryset.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.views.decorators.http import require_POST
+
+from ..exceptions import DbQueueError
+from ..models import ArchivedMessage, Message
+from ..paginator import EstimatingPaginator
+
+# What each operator's action needs, besides the model's view permission.
+PERMISSIONS = {
+    "cancel": "django_dbqueue.cancel_message",
+    "replay": "django_dbqueue.replay_archivedmessage",
+    "pause": "django_dbqueue.pause_queue",
+    "purge": "django_dbqueue.delete_deadletter",
+}
+
+# How many rows one action handles per request; a selection "across all pages"
+# of a large table would otherwise hold the request for minutes.
+ACTION_LIMIT = 1000
+# How many refusals (and ids left unchanged) one action lists before summing up.
+REPORT_LIMIT = 10
+
+
+def pretty_json(value: Any) -> SafeString:
+    """JSON indented in a <pre>, escaped: a payload holding markup shows as text."""
+    return format_html('<pre class="dbqueue-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def flat(fields: list) -> list[str]:
+    """The field names of a ``fields`` layout (rows given as tuples)."""
+    return [name for item in fields for name in (item if isinstance(item, tuple) else (item,))]
+
+
+def full_text(value: str) -> SafeString:
+    return format_html('<pre class="dbqueue-error">{}</pre>', value) if value else SafeString("-")
+
+
+def listed(items: list[str]) -> str:
+    """``a, b, c`` or, past ``REPORT_LIMIT`` items, ``a, b, c and 7 more``."""
+    limit = REPORT_LIMIT
+    shown = ", ".join(items[:limit])
+    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
+
+
+class NoEditForms:
+    """Rows change only through queue operations: no add, edit or plain delete forms."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class OperatorPermissions:
+    """``has_<name>_permission`` for the operators' actions (``@admin.action(permissions=[name])`` asks these)."""
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(PERMISSIONS["cancel"])
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(PERMISSIONS["replay"])
+
+    def has_purge_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(PERMISSIONS["purge"])
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(PERMISSIONS["pause"])
+
+
+class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, admin.ModelAdmin):
+    """Live and archived messages: estimated counts, escaped payloads, actions as POSTs."""
+
+    paginator = EstimatingPaginator
+    show_full_result_count = False  # a second COUNT(*) over the whole table on every filtered page
+    list_per_page = 50
+    # A detail page's buttons: URL name -> the list action it runs on that one row.
+    object_actions: dict[str, str] = {}
+    action_limit = ACTION_LIMIT
+
+    # Escaped, readable forms of the fields live and archived rows share.
+    @admin.display(description="payload")
+    def payload_pretty(self, obj: Message | ArchivedMessage) -> SafeString:
+        return pretty_json(obj.payload)
+
+    @admin.display(description="headers")
+    def headers_pretty(self, obj: Message | ArchivedMessage) -> SafeString:
+        return pretty_json(obj.headers)
+
+    @admin.display(description="last error")
+    def last_error_full(self, obj: Message | ArchivedMessage) -> SafeString:
+        return full_text(obj.last_error)
+
+    # --- a detail page's buttons: the list's actions on one row --------------------
+
+    def object_action_urls(self) -> list:
+        """``<id>/do/<name>/``: one POST-only view for the buttons of a detail page."""
+        info = self.opts.app_label, self.opts.model_name
+        return [
+            path(
+                "<path:object_id>/do/<str:name>/",
+                self.admin_site.admin_view(require_POST(self.object_action)),
+                name="{}_{}_do".format(*info),
+            )
+        ]
+
+    def get_object_or_404(self, request: HttpRequest, object_id: str) -> Any:
+        obj = self.get_object(request, object_id)  # None for a missing or malformed id
+        if obj is None:
+            raise Http404(f"no {self.opts.verbose_name} with id {object_id!r}")
+        return obj
+
+    def object_action(self, request: HttpRequest, object_id: str, name: str) -> HttpResponse:
+        if name not in self.object_actions:
+            raise Http404(f"no action {name!r}")
+        action = getattr(self, self.object_actions[name])
+        allowed = [getattr(self, f"has_{p}_permission")(request) for p in action.allowed_permissions]
+        if not (self.has_view_permission(request) and all(allowed)):
+            raise PermissionDenied
+        obj = self.get_object_or_404(request, object_id)
+        action(request, self.get_queryset(request).filter(pk=obj.pk))
+        return HttpResponseRedirect(self.after_object_action(request, obj))
+
+    def after_object_action(self, request: HttpRequest, obj: Any) -> str:
+        if self.get_queryset(request).filter(pk=obj.pk).exists():
+            return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[obj.pk])
+        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist")
+
+    def get_urls(self) -> list:
+        return self.object_action_urls() + super().get_urls()
+
+    # --- actions on the selected rows ------------------------------------------------
+
+    def selected(self, request: HttpRequest, queryset: QuerySet) -> list[Any]:
+        """The first ``action_limit`` selected rows, in the list's order; says so when more were selected."""
+        rows = list(queryset[: self.action_limit + 1])
+        if len(rows) > self.action_limit:
+            rows = rows[: self.action_limit]
+            self.message_user(
+                request,
+                f"Only the first {self.action_limit} selected rows were handled; "
+                "narrow the list with its filters to reach the rest.",
+                messages.WARNING,
+            )
+        return rows
+
+    def apply(
+        self, request: HttpRequest, queryset: QuerySet, operation: Callable[[Any], Any], done: str, skipped: str
+    ) -> list[Any]:
+        """Run ``operation`` on each selected row (at most ``action_limit``); tell the user what happened.
+
+        ``operation`` returns False for a row it left unchanged (listed by id
+        under ``skipped``) and raises :class:`DbQueueError` to refuse one
+        (its reason shown). Returns the other rows' results.
+        """
+        results, refused, unchanged = [], [], []
+        for row in self.selected(request, queryset):
+            try:
+                result = operation(row)
+            except DbQueueError as exc:
+                refused.append(str(exc))
+                continue
+            if result is False:
+                unchanged.append(str(row.pk))
+            else:
+                results.append(result)
+        if results:
+            self.message_user(request, f"{len(results)} {done}.", messages.SUCCESS)
+        if unchanged:
+            self.message_user(request, f"{skipped}: {listed(unchanged)}.", messages.WARNING)
+        limit = REPORT_LIMIT
+        for reason in refused[:limit]:
+            self.message_user(request, f"Refused: {reason}", messages.ERROR)
+        if len(refused) > limit:
+            self.message_user(request, f"Refused {len(refused) - limit} more.", messages.ERROR)
+        return results

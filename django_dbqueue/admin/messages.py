@@ -1,0 +1,64 @@
+"""The live messages' admin: ready, scheduled and in-flight rows; run now, cancel, release."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from .. import control
+from ..models import Message, MessageState
+from ..overview import format_age
+from .base import ReadOnlyQueueAdmin, flat
+from .filters import KindFilter, QueueFilter, StateFilter
+
+
+@admin.register(Message)
+class MessageAdmin(ReadOnlyQueueAdmin):
+    list_display = ["id", "queue", "kind", "key", "state", "priority", "attempts", "age", "available_at"]
+    list_filter = [QueueFilter, KindFilter, StateFilter, "available_at", "created_at"]
+    search_fields = ["=id", "=key", "payload"]
+    actions = ["run_now", "cancel", "release_lease"]
+    object_actions = {"run-now": "run_now", "cancel": "cancel", "release": "release_lease"}
+    change_form_template = "admin/django_dbqueue/message/change_form.html"
+    fields = [
+        ("id", "queue", "kind", "key"),
+        ("state", "priority", "attempts", "max_attempts"),
+        ("created_at", "first_available_at", "available_at", "expires_at"),
+        ("claimed_by", "claimed_at"),
+        "replay_of",
+        "payload_pretty",
+        "headers_pretty",
+        "last_error_full",
+    ]
+    readonly_fields = flat(fields)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).with_state()
+
+    @admin.display(description="state", ordering="current_state")
+    def state(self, obj: Message) -> str:
+        return MessageState(obj.current_state).label
+
+    @admin.display(description="age", ordering="-created_at")
+    def age(self, obj: Message) -> str:
+        return format_age(obj.db_now - obj.created_at)
+
+    @admin.action(description="Run selected messages now", permissions=["cancel"])
+    def run_now(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self.apply(request, queryset, control.run_now, "made ready now", "In flight, left alone")
+
+    @admin.action(description="Cancel selected messages (archived as cancelled)", permissions=["cancel"])
+    def cancel(self, request: HttpRequest, queryset: QuerySet) -> None:
+        by = request.user.get_username()
+        self.apply(request, queryset, lambda m: control.cancel(m, by=by), "cancelled", "Gone already")
+
+    @admin.action(description="Release the lease of selected messages", permissions=["cancel"])
+    def release_lease(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self.apply(request, queryset, control.release_lease, "released", "Not in flight")
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None):
+        extra = {"can_cancel": self.has_cancel_permission(request), **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, extra)
