@@ -10,7 +10,7 @@ class DbQueueConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
         from .handlers import autodiscover
-        from .taskframework import FRAMEWORK
+        from .tasks.compat import FRAMEWORK
 
         autodiscover()
         if FRAMEWORK is not None:

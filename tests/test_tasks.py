@@ -1,5 +1,7 @@
 """The backend for Django's Tasks framework: enqueue, run by a worker, results through the framework's API."""
 
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from functools import partial
@@ -8,7 +10,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from django_dbqueue.taskframework import FRAMEWORK
+from django_dbqueue.tasks.compat import FRAMEWORK
 
 if FRAMEWORK is None:
     pytest.skip("needs Django 6's django.tasks or, on Django 5.2, the django-tasks backport", allow_module_level=True)
@@ -18,7 +20,8 @@ from asgiref.sync import async_to_sync
 from django_dbqueue import control, handlers
 from django_dbqueue.exceptions import PayloadNotSerializable, TaskNotCompleted
 from django_dbqueue.models import ArchivedMessage, Message, Outcome
-from django_dbqueue.taskframework import (
+from django_dbqueue.tasks import TASK_KIND, DatabaseQueueBackend, exception_class_path
+from django_dbqueue.tasks.compat import (
     InvalidTask,
     InvalidTaskBackend,
     TaskResultDoesNotExist,
@@ -29,9 +32,8 @@ from django_dbqueue.taskframework import (
     task_finished,
     task_started,
 )
-from django_dbqueue.tasks import TASK_KIND, DatabaseQueueBackend, exception_class_path
 from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
-from tests.support.processes import start_worker
+from tests.support.processes import ROOT, child_env, start_worker
 from tests.testapp import tasks
 from tests.testapp.models import Order
 
@@ -384,3 +386,38 @@ def test_exception_class_path_reads_the_last_traceback():
     assert exception_class_path('Traceback (most recent call last):\n  File "a.py"\nValueError\n') == (
         "builtins.ValueError"
     )
+
+
+WITHOUT_FRAMEWORK = """
+import importlib.util
+
+found = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *rest: None if name in ("django.tasks", "django_tasks") else found(name, *rest)
+
+import django
+
+django.setup()  # the app starts without the framework: it registers no task handler
+
+import django_dbqueue.tasks as tasks_package
+from django.utils.module_loading import import_string
+
+assert tasks_package.FRAMEWORK is None
+for attempt in (
+    lambda: import_string("django_dbqueue.tasks.DatabaseQueueBackend"),
+    lambda: __import__("django_dbqueue.tasks.backend"),
+):
+    try:
+        attempt()
+    except ImportError as exc:
+        print(exc)
+"""
+
+
+def test_without_the_framework_the_backend_says_what_to_install():
+    """Django 5.2 without the backport: the package imports, the backend's import names what to install."""
+    child = subprocess.run(
+        [sys.executable, "-c", WITHOUT_FRAMEWORK], capture_output=True, text=True, cwd=ROOT, env=child_env()
+    )
+    assert child.returncode == 0, child.stderr
+    lines = child.stdout.splitlines()
+    assert len(lines) == 2 and all("pip install 'django-dbqueue[tasks]'" in line for line in lines), lines

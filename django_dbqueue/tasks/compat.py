@@ -5,12 +5,19 @@ Django 6.0 and later ship it as ``django.tasks``; on Django 5.2 the
 ``django_tasks``, with two exceptions spelled differently. Everything
 django-dbqueue uses from the framework is imported here, under one set of
 names, so the rest of the code does not care which one it got. When neither
-is installed ``FRAMEWORK`` is None and nothing else is defined.
+is installed ``FRAMEWORK`` is None, and importing any other name raises an
+ImportError that says what to install.
 """
 
 from __future__ import annotations
 
 from importlib.util import find_spec
+from typing import Any
+
+NOT_INSTALLED = (
+    "django_dbqueue.tasks needs Django's Tasks framework: Django 6.0 or later, "
+    "or on Django 5.2 the django-tasks backport (pip install 'django-dbqueue[tasks]')"
+)
 
 
 def installed() -> str | None:
@@ -63,6 +70,7 @@ __all__ = [
     "DEFAULT_TASK_BACKEND_ALIAS",
     "DEFAULT_TASK_QUEUE_NAME",
     "FRAMEWORK",
+    "NOT_INSTALLED",
     "TASK_MAX_PRIORITY",
     "TASK_MIN_PRIORITY",
     "BaseTaskBackend",
@@ -82,3 +90,12 @@ __all__ = [
     "task_finished",
     "task_started",
 ]
+
+
+if FRAMEWORK is None:
+
+    def __getattr__(name: str) -> Any:
+        """``from .compat import Task`` without a framework: say what to install, not "cannot import name"."""
+        if name in __all__:
+            raise ImportError(NOT_INSTALLED)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
