@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 import re
-from argparse import ArgumentTypeError
+from argparse import ArgumentParser, ArgumentTypeError
 from datetime import UTC, datetime
 
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS
 from django.utils.dateparse import parse_date, parse_datetime
 
+from ..conf import database_for
+from ..exceptions import ImproperlyConfiguredQueue
 from ..validation import MAX_DELAY_SECONDS
 
 # The largest count and the longest duration an option accepts: past them a
@@ -64,3 +68,34 @@ def spark_master(text: str) -> str:
             f"{text!r} is not a Spark master; use local[*], local[N], spark://host:port, yarn or k8s://https://host"
         )
     return text
+
+
+def database_alias(text: str) -> str:
+    """An alias of ``DATABASES``."""
+    if text not in settings.DATABASES:
+        raise ArgumentTypeError(f"--database {text!r} is not in DATABASES")
+    return text
+
+
+def queues_database() -> str:
+    """The queues' default database: the top-level ``DATABASE`` of the DBQUEUE setting."""
+    try:
+        return database_for([])
+    except ImproperlyConfiguredQueue:  # the system check (E001) names the problem before the command runs
+        return DEFAULT_DB_ALIAS
+
+
+def add_database_argument(parser: ArgumentParser, what: str) -> None:
+    """``--database ALIAS`` for every command that works on one database, with one default.
+
+    The default is the queues' database (DBQUEUE's ``DATABASE``, ``"default"``
+    unless set), so a project that keeps its queues elsewhere names it once,
+    in settings. ``what`` says what the command does with it.
+    """
+    parser.add_argument(
+        "--database",
+        type=database_alias,
+        default=queues_database(),
+        metavar="ALIAS",
+        help=f"{what} (default: DBQUEUE's DATABASE, %(default)r).",
+    )

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_dbqueue.management.arguments import positive_int, utc_datetime
+from django_dbqueue.management.arguments import add_database_argument, positive_int, utc_datetime
 
 
 class Command(BaseCommand):
@@ -17,14 +16,12 @@ class Command(BaseCommand):
         parser.add_argument("--out", required=True, metavar="DIR", help="Directory for archive.parquet, live.parquet.")
         parser.add_argument("--since", type=utc_datetime, help="Only messages finished or created from then (UTC).")
         parser.add_argument("--until", type=utc_datetime, help="... and before then.")
-        parser.add_argument("--database", default="default", help="Database alias to export.")
+        add_database_argument(parser, "The database to export")
         parser.add_argument("--chunk-size", type=positive_int, default=50_000, help="Rows per query and row group.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         from django_dbqueue.analytics.session import MissingExtra, require
 
-        if options["database"] not in settings.DATABASES:
-            raise CommandError(f"--database {options['database']!r} is not in DATABASES")
         since, until = options["since"], options["until"]
         if since and until and since >= until:
             raise CommandError(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})")

@@ -5,11 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_dbqueue.exceptions import DbQueueError
-from django_dbqueue.management.arguments import positive_int, spark_master, utc_datetime
+from django_dbqueue.management.arguments import add_database_argument, positive_int, spark_master, utc_datetime
 
 
 class Command(BaseCommand):
@@ -21,7 +20,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--until", type=utc_datetime, help="End, exclusive; default: now. Widened to whole hours.")
         parser.add_argument("--master", type=spark_master, default="local[*]", help="Spark master (default local[*]).")
-        parser.add_argument("--database", default="default", help="Database alias to read and to write QueueStat to.")
+        add_database_argument(parser, "The database to read, and to write QueueStat to")
         parser.add_argument("--parquet-in", metavar="DIR", help="Read a directory written by exportarchive instead.")
         parser.add_argument("--parquet-out", metavar="DIR", help="Also write the figures as Parquet, by hour.")
         parser.add_argument("--partitions", type=positive_int, help="JDBC read partitions (default: Spark's cores).")
@@ -34,8 +33,6 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from django_dbqueue.analytics.session import MissingExtra, require
 
-        if options["database"] not in settings.DATABASES:
-            raise CommandError(f"--database {options['database']!r} is not in DATABASES")
         try:
             require("pyspark")
         except MissingExtra as exc:

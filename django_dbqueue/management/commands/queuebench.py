@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_dbqueue.bench.runner import PHASES, BenchConfig, QueueBench, as_json, as_table, bench_queues_on
-from django_dbqueue.management.arguments import positive_int
+from django_dbqueue.management.arguments import add_database_argument, positive_int
 
 
 class Command(BaseCommand):
@@ -19,7 +19,7 @@ class Command(BaseCommand):
         parser.add_argument("--workers", type=positive_int, default=4, help="Worker processes for drain and latency.")
         parser.add_argument("--batch-size", type=positive_int, default=10)
         parser.add_argument("--payload-bytes", type=positive_int, default=100)
-        parser.add_argument("--database", default="default", help="Database alias to measure.")
+        add_database_argument(parser, "The database to measure")
         parser.add_argument("--phases", default=",".join(PHASES), help=f"Comma-separated, from: {', '.join(PHASES)}.")
         parser.add_argument("--rate", type=positive_int, default=200, help="Offered load of the latency phase (msg/s).")
         parser.add_argument("--latency-seconds", type=float, default=10.0)
@@ -37,8 +37,6 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from django.conf import settings
 
-        if options["database"] not in settings.DATABASES:
-            raise CommandError(f"--database {options['database']!r} is not in DATABASES")
         if options["role"]:
             from django_dbqueue.bench.roles import ROLES
 

@@ -10,6 +10,7 @@ from django.db import connections
 
 from django_dbqueue.conf import get_settings
 from django_dbqueue.db.errors import DATABASE_TROUBLE
+from django_dbqueue.management.arguments import add_database_argument
 from django_dbqueue.reaper import Reaper
 
 
@@ -19,11 +20,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--loop", action="store_true", help="Keep reaping every --interval seconds.")
         parser.add_argument("--interval", type=float, help="Seconds between passes with --loop (REAP_INTERVAL).")
-        parser.add_argument("--database", default=None, help="Database alias (default: the queues' DATABASE).")
+        add_database_argument(parser, "The database to reap")
 
     def handle(self, *args: Any, **options: Any) -> None:
         dbq = get_settings()
-        reaper = Reaper(using=options["database"] or dbq.defaults.database)
+        reaper = Reaper(using=options["database"])
         interval = options["interval"] or dbq.reap_interval
         if not options["loop"]:
             report = reaper.run_once()
