@@ -41,7 +41,7 @@ class ArchiveAdmin(ReadOnlyQueueAdmin):
 
     list_display = ["id", "message_id", "queue", "kind", "key", "outcome", "attempts", "finished_at", "replayed"]
     list_filter = [QueueFilter, KindFilter, "outcome", "finished_at"]
-    search_fields = ["=id", "=message_id", "=key", "payload"]
+    id_fields = ("id", "message_id")
     actions = ["replay", "replay_forced"]
     object_actions = {"replay": "replay", "replay-forced": "replay_forced"}
     change_form_template = "admin/django_dbqueue/archivedmessage/change_form.html"

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -36,6 +36,8 @@ PERMISSIONS = {
 # How many rows one action handles per request; a selection "across all pages"
 # of a large table would otherwise hold the request for minutes.
 ACTION_LIMIT = 1000
+# A search for payload text starts with this; anything else is an exact id or key.
+PAYLOAD_PREFIX = "payload:"
 # How many refusals (and ids left unchanged) one action lists before summing up.
 REPORT_LIMIT = 10
 
@@ -96,6 +98,11 @@ class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, admin.ModelAdmin):
     paginator = EstimatingPaginator
     show_full_result_count = False  # a second COUNT(*) over the whole table on every filtered page
     list_per_page = 50
+    # Searches an index serves: a number is an id, other text a key;
+    # "payload:text" searches payloads, reading every row it considers.
+    search_fields = ["=id", "=key"]
+    id_fields: tuple[str, ...] = ("id",)
+    search_help_text = "A number finds an id, other text an exact key; payload:text searches payloads (slow)."
     # A detail page's buttons: URL name -> the list action it runs on that one row.
     object_actions: dict[str, str] = {}
     action_limit = ACTION_LIMIT
@@ -112,6 +119,20 @@ class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, admin.ModelAdmin):
     @admin.display(description="last error")
     def last_error_full(self, obj: Message | ArchivedMessage) -> SafeString:
         return full_text(obj.last_error)
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
+        """One index-served lookup per search, never an OR with a payload scan."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if term.startswith(PAYLOAD_PREFIX):
+            return queryset.filter(payload__icontains=term[len(PAYLOAD_PREFIX) :].strip()), False
+        if term.isdigit():
+            match = Q()
+            for field in self.id_fields:
+                match |= Q(**{field: int(term)})
+            return queryset.filter(match), False
+        return queryset.filter(key=term), False
 
     # --- a detail page's buttons: the list's actions on one row --------------------
 

@@ -19,7 +19,9 @@ from .filters import KindFilter, QueueFilter, StateFilter
 class MessageAdmin(ReadOnlyQueueAdmin):
     list_display = ["id", "queue", "kind", "key", "state", "priority", "attempts", "age", "available_at"]
     list_filter = [QueueFilter, KindFilter, StateFilter, "available_at", "created_at"]
-    search_fields = ["=id", "=key", "payload"]
+    # Newest first, along the primary key: the claim order (priority, time)
+    # has no index without a queue in front, and would sort the whole table.
+    ordering = ["-id"]
     actions = ["run_now", "cancel", "release_lease"]
     object_actions = {"run-now": "run_now", "cancel": "cancel", "release": "release_lease"}
     change_form_template = "admin/django_dbqueue/message/change_form.html"

@@ -153,3 +153,22 @@ def insert_messages(using: str, messages: list[Message], batch_size: int) -> Non
     for message in messages:
         message._state.adding = False
         message._state.db = using
+
+
+def distinct_leading(using: str, table: str, column: str) -> list[str]:
+    """The distinct values of ``column``, the first column of an index of ``table``, by a skip scan.
+
+    One index lookup per distinct value (a recursive query of MIN(column)
+    > the previous value), where ``SELECT DISTINCT`` would read every row
+    on PostgreSQL. Recursive CTEs run on every supported database.
+    """
+    qn = connections[using].ops.quote_name
+    t, c = qn(table), qn(column)
+    sql = (
+        f"WITH RECURSIVE found (v) AS (SELECT MIN({c}) FROM {t} "
+        f"UNION ALL SELECT (SELECT MIN({c}) FROM {t} WHERE {c} > found.v) FROM found WHERE found.v IS NOT NULL) "
+        "SELECT v FROM found WHERE v IS NOT NULL"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql)
+        return [row[0] for row in cursor.fetchall()]
