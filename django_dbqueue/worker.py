@@ -34,7 +34,8 @@ from . import handlers as handler_registry
 from .conf import database_for, get_settings, queue_options
 from .db import notify
 from .db.errors import DATABASE_TROUBLE, backoff
-from .dispatch import Outcome, Verdict, decide
+from .running import HandlerOutcome as Outcome
+from .running import Verdict, decide
 from .exceptions import DbQueueError, InvalidOption
 from .handlers import Handler
 from .models import Message, QueueState

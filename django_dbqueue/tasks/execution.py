@@ -16,9 +16,9 @@ from typing import Any
 from django.utils import timezone
 
 from .. import handlers
-from ..dispatch import Outcome as Recorded
 from ..models import Message
 from ..operations import backoff_delay, error_text
+from ..running import HandlerOutcome as Recorded
 from .compat import (
     DEFAULT_TASK_BACKEND_ALIAS,
     BaseTaskBackend,

@@ -1,3 +1,5 @@
+"""Running one claimed message through its handler: django_dbqueue.running."""
+
 from datetime import timedelta
 
 import pytest
@@ -5,8 +7,8 @@ from django.utils import timezone
 
 import django_dbqueue
 from django_dbqueue import handlers
-from django_dbqueue.dispatch import Outcome, process
 from django_dbqueue.models import ArchivedMessage, Message
+from django_dbqueue.running import HandlerOutcome, process
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,7 +34,7 @@ def claim_one(payload=None, **options):
 
 def test_return_acks_with_the_result(handler):
     handler("jobs")(lambda m: {"doubled": m.payload["n"] * 2})
-    assert process(claim_one({"n": 4})) == Outcome.ACKED
+    assert process(claim_one({"n": 4})) == HandlerOutcome.ACKED
     assert ArchivedMessage.objects.acked().get().result == {"doubled": 8}
 
 
@@ -45,7 +47,7 @@ def test_kind_specific_handler_wins_over_catch_all(handler):
 
 def test_exception_fails_and_retries(handler):
     handler("jobs")(lambda m: 1 / 0)
-    assert process(claim_one()) == Outcome.FAILED
+    assert process(claim_one()) == HandlerOutcome.FAILED
     assert "ZeroDivisionError" in Message.objects.scheduled().get().last_error
 
 
@@ -59,25 +61,25 @@ def test_control_exceptions(handler):
             raise django_dbqueue.Retry(delay=600)
         raise django_dbqueue.Defer(until=timezone.now() + timedelta(days=1))
 
-    assert process(claim_one({"do": "reject"})) == Outcome.REJECTED
+    assert process(claim_one({"do": "reject"})) == HandlerOutcome.REJECTED
     assert ArchivedMessage.objects.dead().get().last_error == "bad order"
-    assert process(claim_one({"do": "retry"})) == Outcome.RETRIED
+    assert process(claim_one({"do": "retry"})) == HandlerOutcome.RETRIED
     retried = Message.objects.scheduled().get()
     assert retried.attempts == 1 and retried.available_at > timezone.now() + timedelta(minutes=9)
     retried.delete()
-    assert process(claim_one({"do": "defer"})) == Outcome.DEFERRED
+    assert process(claim_one({"do": "defer"})) == HandlerOutcome.DEFERRED
     deferred = Message.objects.scheduled().get()
     assert deferred.attempts == 0 and deferred.available_at > timezone.now() + timedelta(hours=23)
 
 
 def test_no_handler_dead_letters_naming_queue_and_kind():
-    assert process(claim_one(kind="mystery")) == Outcome.UNHANDLED
+    assert process(claim_one(kind="mystery")) == HandlerOutcome.UNHANDLED
     assert ArchivedMessage.objects.dead().get().last_error == "no handler for queue 'jobs', kind 'mystery'"
 
 
 def test_no_handler_can_leave_the_message_queued(settings):
     settings.DBQUEUE = {"QUEUES": {"jobs": {"UNHANDLED": "keep"}}}
-    assert process(claim_one()) == Outcome.UNHANDLED
+    assert process(claim_one()) == HandlerOutcome.UNHANDLED
     kept = Message.objects.get()
     assert kept.attempts == 0 and kept.lease_token is None
 
@@ -94,7 +96,7 @@ def test_duplicate_registration_is_refused(handler):
 
 def test_retry_on_the_last_attempt_dead_letters(handler):
     handler("jobs")(lambda m: (_ for _ in ()).throw(django_dbqueue.Retry(delay=1, reason="later")))
-    assert process(claim_one(max_attempts=1)) == Outcome.REJECTED
+    assert process(claim_one(max_attempts=1)) == HandlerOutcome.REJECTED
     row = ArchivedMessage.objects.dead().get()
     assert row.last_error == "later; no attempts left (1 made)"
 
@@ -112,16 +114,27 @@ def test_after_record_is_told_the_written_outcome_and_cannot_undo_it(handler, ca
         def after_record(self, message, outcome):
             # What it is told is already in the database.
             self.told.append((message.pk, outcome, ArchivedMessage.objects.filter(message_id=message.pk).exists()))
-            if outcome == Outcome.FAILED:
+            if outcome == HandlerOutcome.FAILED:
                 raise RuntimeError("a listener broke")
 
     announcing = Announcing()
     handler("jobs")(announcing)
     ok, failing = claim_one(), claim_one({"fail": True})
-    assert process(ok) == Outcome.ACKED and process(failing) == Outcome.FAILED
-    assert announcing.told == [(ok.pk, Outcome.ACKED, True), (failing.pk, Outcome.FAILED, False)]
+    assert process(ok) == HandlerOutcome.ACKED and process(failing) == HandlerOutcome.FAILED
+    assert announcing.told == [(ok.pk, HandlerOutcome.ACKED, True), (failing.pk, HandlerOutcome.FAILED, False)]
     assert Message.objects.get().last_error.rstrip().endswith("ValueError: no")  # the failure is recorded
     assert "after_record of a handler failed" in caplog.text
     stale = claim_one()
     stale.lease_token = "not-ours"
-    assert process(stale) == Outcome.LEASE_LOST and announcing.told[-1] == (stale.pk, Outcome.LEASE_LOST, False)
+    assert process(stale) == HandlerOutcome.LEASE_LOST
+    assert announcing.told[-1] == (stale.pk, HandlerOutcome.LEASE_LOST, False)
+
+
+def test_the_old_dispatch_module_still_imports_with_a_deprecation_warning():
+    import importlib
+    import sys
+
+    sys.modules.pop("django_dbqueue.dispatch", None)
+    with pytest.warns(DeprecationWarning, match="django_dbqueue.running"):
+        dispatch = importlib.import_module("django_dbqueue.dispatch")
+    assert dispatch.Outcome is HandlerOutcome and dispatch.process is process

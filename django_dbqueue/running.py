@@ -1,0 +1,112 @@
+"""Running one claimed message through its handler, and deciding its outcome.
+
+This is the heart of a worker, kept apart from threads and polling so that
+anything that runs messages (the worker, tests, the demo) shares one set
+of rules (formerly ``django_dbqueue.dispatch``):
+
+- the handler returns: ack (its JSON return value is kept as the result);
+- it raises ``Reject``: dead letter now; ``Retry``: back after the delay;
+  ``Defer``: put off without counting a failure;
+- it raises anything else: fail (retry with backoff, dead when attempts run out);
+- there is no handler: dead letter naming the queue and kind, or, with the
+  queue's ``UNHANDLED = "keep"``, back in the queue for a handler to come.
+
+A handler that has an ``after_record(message, outcome)`` method is told the
+outcome once it is written (or ``"lease lost"``), so it can announce what
+others can now read (the Tasks backend sends ``task_finished`` this way).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from .conf import get_settings, queue_options
+from .handlers import Defer, Handler, Reject, Retry, find_handler
+from .models import Message
+
+logger = logging.getLogger("django_dbqueue")
+
+
+class HandlerOutcome:
+    """What running a message's handler came to, as ``process()`` returns it and the worker logs it.
+
+    Not the archive's :class:`~django_dbqueue.models.Outcome` (acked, dead,
+    expired...): a handler's ``Retry`` is ``"retried"`` here and stays live.
+    """
+
+    ACKED = "acked"
+    REJECTED = "rejected"
+    RETRIED = "retried"
+    DEFERRED = "deferred"
+    FAILED = "failed"
+    UNHANDLED = "unhandled"
+    LEASE_LOST = "lease lost"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a handler's run decided, not yet written: ``apply()`` records it.
+
+    Kept apart from running the handler so a worker can retry the recording
+    through a database outage without running the handler twice.
+    """
+
+    outcome: str
+    apply: Callable[[], bool]
+    result: Any = None  # an ack's handler return value, for workers that ack in batches
+    recorded: Callable[[str], None] | None = None  # the handler's after_record, bound to the message
+
+    def record(self) -> str:
+        outcome = self.outcome if self.apply() else HandlerOutcome.LEASE_LOST
+        self.written(outcome)
+        return outcome
+
+    def written(self, outcome: str) -> None:
+        """Tell the handler's ``after_record`` what was written (batched acks call this themselves)."""
+        if self.recorded is not None:
+            try:
+                self.recorded(outcome)
+            except Exception:  # the outcome is written; a listener's failure must not undo or repeat it
+                logger.exception("after_record of a handler failed (outcome %s)", outcome)
+
+
+def decide(message: Message, *, worker: str = "", handler: Handler | None = None) -> Verdict:
+    """Run the handler (``handler`` overrides the registry, as exec mode does)."""
+    handler = handler or find_handler(message.queue, message.kind)
+    if handler is None:
+        return _unhandled(message)
+    after_record = getattr(handler, "after_record", None)
+    verdict = partial(Verdict, recorded=partial(after_record, message) if after_record else None)
+    try:
+        result = handler(message)
+    except Reject as exc:
+        return verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=exc.reason))
+    except Retry as exc:
+        reason = exc.reason or "retry requested"
+        if not message.attempts_left():
+            reason = f"{reason}; no attempts left ({message.attempts} made)"
+            return verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=reason))
+        return verdict(HandlerOutcome.RETRIED, partial(message.reject, delay=exc.delay, reason=reason))
+    except Defer as exc:
+        return verdict(HandlerOutcome.DEFERRED, partial(message.snooze, exc.until, delay=exc.delay))
+    except Exception as exc:
+        logger.debug("message %s of %s failed: %r", message.pk, message.queue, exc)
+        return verdict(HandlerOutcome.FAILED, partial(message.fail, exc))
+    return verdict(HandlerOutcome.ACKED, partial(message.ack, worker=worker, result=result), result)
+
+
+def process(message: Message, *, worker: str = "", handler: Handler | None = None) -> str:
+    """Run ``message``'s handler and apply the outcome; returns what happened."""
+    return decide(message, worker=worker, handler=handler).record()
+
+
+def _unhandled(message: Message) -> Verdict:
+    reason = f"no handler for queue {message.queue!r}, kind {message.kind!r}"
+    if queue_options(message.queue).unhandled == "keep":
+        # Leave it for a worker that has the handler; look again after a poll.
+        return Verdict(HandlerOutcome.UNHANDLED, partial(message.snooze, delay=get_settings().max_poll_interval))
+    return Verdict(HandlerOutcome.UNHANDLED, partial(message.reject, requeue=False, reason=reason))
