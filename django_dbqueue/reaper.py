@@ -14,21 +14,27 @@ Each pass, under a database lock so that only one reaper acts at a time:
    batches of ``REAP_BATCH_SIZE`` so no statement holds locks for long;
 5. on PostgreSQL, the live table is analysed when much of it changed, so the
    claim keeps walking its index (see ``db.stats.refresh_statistics``).
+
+:meth:`Reaper.loop` runs a pass every ``REAP_INTERVAL`` seconds for both
+``reapqueue --loop`` and ``runqueueworker --reap``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
+from django.db import connections
 from django.db.models import Q
 
 from . import signals
 from .conf import get_settings, queue_options
 from .db import transactions
 from .db.clock import db_now
-from .db.errors import with_retries
+from .db.errors import DATABASE_TROUBLE, with_retries
 from .db.stats import refresh_statistics
 from .db.transactions import write_transaction
 from .models import ArchivedMessage, Message, Outcome, Worker, events
@@ -83,6 +89,35 @@ class Reaper:
             report.pruned += self.prune()
             report.analyzed = refresh_statistics(self.using, Message._meta.db_table)
             return report
+
+    def loop(
+        self,
+        stop: threading.Event,
+        interval: float | None = None,
+        on_report: Callable[[ReapReport], object] | None = None,
+    ) -> None:
+        """A pass now and every ``interval`` seconds (``REAP_INTERVAL``) until ``stop`` is set.
+
+        Each pass that did something goes to ``on_report`` (by default, the
+        log at INFO). A pass that fails for database trouble outlasting its
+        retries is logged, and the next pass tries again; any other error
+        ends the loop (the caller reports it).
+        """
+        interval = get_settings().reap_interval if interval is None else interval
+        on_report = on_report or (lambda report: logger.info("reaper: %s", report))
+        try:
+            while not stop.is_set():
+                try:
+                    report = self.run_once()
+                except DATABASE_TROUBLE as exc:
+                    logger.warning("reaper: a pass failed (%s); trying again in %gs", exc, interval)
+                    connections[self.using].close()
+                else:
+                    if report is not None and report.did_something:
+                        on_report(report)
+                stop.wait(interval)
+        finally:
+            connections.close_all()
 
     # --- the steps -------------------------------------------------------------
 

@@ -106,3 +106,57 @@ def test_reapqueue_prints_what_it_did(capsys):
     WorkerFactory(stale=True)
     call_command("reapqueue")
     assert "1 stale worker(s) removed, 0 message(s) released" in capsys.readouterr().out
+
+
+def test_the_loop_survives_a_failed_pass_and_stops_when_told(monkeypatch, caplog):
+    from django.db import OperationalError
+
+    WorkerFactory(stale=True)
+    real_run_once = Reaper.run_once
+    passes = []
+
+    def run_once(self):
+        passes.append(len(passes))
+        if len(passes) == 1:
+            raise OperationalError("the server went away")
+        return real_run_once(self)
+
+    monkeypatch.setattr(Reaper, "run_once", run_once)
+    stop, reports = threading.Event(), []
+
+    def on_report(report):
+        reports.append(report)
+        stop.set()
+
+    thread = threading.Thread(target=Reaper().loop, args=(stop, 0.05, on_report))
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert "reaper: a pass failed (the server went away)" in caplog.text
+    assert [r.stale_workers for r in reports] == [1]  # the next pass did the work, then the loop stopped
+    assert not Worker.objects.exists()
+
+
+def test_reapqueue_loop_reports_passes_until_interrupted():
+    import select
+    import signal
+
+    from django_dbqueue.reaper import ReapReport
+    from tests.support.processes import start_command, wait_for
+
+    WorkerFactory(stale=True)
+    reaper = start_command("reapqueue", "--loop", "--interval", "0.1", PYTHONUNBUFFERED="1")
+
+    def printed_line():
+        ready, _, _ = select.select([reaper.stdout], [], [], 0)
+        return reaper.stdout.readline() if ready else None
+
+    try:
+        first = wait_for(printed_line, what="the looping reaper to report a pass")
+    finally:
+        reaper.send_signal(signal.SIGINT)
+        rest, err = reaper.communicate(timeout=60)
+    assert reaper.returncode == 0, err
+    assert first.startswith("1 stale worker(s) removed")
+    assert not Worker.objects.exists()
+    assert str(ReapReport()) not in rest.splitlines()  # passes that did nothing print nothing
