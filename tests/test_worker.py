@@ -1,5 +1,6 @@
 """The worker, in this process and as real ``runqueueworker`` processes."""
 
+import logging
 import signal
 import sys
 import time
@@ -93,7 +94,8 @@ def test_a_closed_connection_error_does_not_end_a_consumer(monkeypatch):
     """
     from django.db import InterfaceError
 
-    from django_dbqueue import worker as worker_module
+    from django_dbqueue.models import MessageQuerySet
+    from django_dbqueue.worker.consumer import Consumer
 
     django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(4)])
     failures = {"claim": 1, "ack": 1}
@@ -107,11 +109,64 @@ def test_a_closed_connection_error_does_not_end_a_consumer(monkeypatch):
 
         return call
 
-    monkeypatch.setattr(QueueWorker, "_claim", failing_once("claim", QueueWorker._claim))
-    monkeypatch.setattr(worker_module, "ack_many", failing_once("ack", worker_module.ack_many))
+    monkeypatch.setattr(Consumer, "claim", failing_once("claim", Consumer.claim))
+    monkeypatch.setattr(MessageQuerySet, "ack_many", failing_once("ack", MessageQuerySet.ack_many))
     assert run(["w-ok"], batch_size=2, max_runtime=60) == ExitStatus.OK
     assert failures == {"claim": 0, "ack": 0}
     assert ArchivedMessage.objects.acked().count() == 4 and not Message.objects.exists()
+
+
+def test_a_crashed_consumer_stops_the_worker_with_an_error_status(monkeypatch, caplog):
+    """An unexpected error in one consumer's loop (not in a handler) ends the worker non-zero, with its traceback."""
+    from django_dbqueue.worker.consumer import Consumer
+
+    real_claim = Consumer.claim
+
+    def claim(self):
+        if self.slot == 1:
+            raise OverflowError("date value out of range")
+        return real_claim(self)
+
+    monkeypatch.setattr(Consumer, "claim", claim)
+    django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(3)])
+    # Without --until-empty: only the crash (or, were it ignored, the max runtime) ends the run.
+    with caplog.at_level(logging.INFO, logger="django_dbqueue"):
+        status = QueueWorker(WorkerConfig(queues=["w-ok"], concurrency=2, max_runtime=60)).run()
+    assert status == ExitStatus.ERROR
+    assert "thread dbqueue-consumer-1 crashed; the worker stops" in caplog.text
+    assert "Traceback (most recent call last)" in caplog.text
+    assert "OverflowError: date value out of range" in caplog.text
+    assert "exits (ERROR)" in caplog.text
+    assert not Message.objects.in_flight().exists()  # nothing left held
+    assert not Worker.objects.exists()  # it held nothing: its row is removed
+
+
+def test_a_crashed_heartbeat_stops_the_worker_with_an_error_status(settings, monkeypatch, caplog):
+    from django_dbqueue.worker.heartbeat import Heartbeat
+
+    settings.DBQUEUE = {**settings.DBQUEUE, "HEARTBEAT_INTERVAL": 0.2, "WORKER_STALE_AFTER": 5}
+
+    def beat(self):
+        raise ZeroDivisionError("heartbeat bug")
+
+    monkeypatch.setattr(Heartbeat, "beat", beat)
+    assert QueueWorker(WorkerConfig(queues=["w-ok"], max_runtime=60)).run() == ExitStatus.ERROR
+    assert "thread dbqueue-heartbeat crashed" in caplog.text and "ZeroDivisionError: heartbeat bug" in caplog.text
+
+
+def test_a_crash_while_holding_messages_leaves_the_row_for_the_reaper(monkeypatch):
+    """Acks that could not be written leave the messages leased: the row stays so the reaper gives them back."""
+    from django_dbqueue.models import MessageQuerySet
+
+    def ack_many(self, *args, **kwargs):
+        raise OverflowError("cannot write these acks")
+
+    monkeypatch.setattr(MessageQuerySet, "ack_many", ack_many)
+    sent = django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(2)])
+    worker = QueueWorker(WorkerConfig(queues=["w-ok"], batch_size=2, until_empty=True, max_runtime=60))
+    assert worker.run() == ExitStatus.ERROR
+    assert set(Message.objects.in_flight().values_list("pk", flat=True)) == {m.pk for m in sent}
+    assert Worker.objects.filter(name=worker.name).exists()
 
 
 def test_paused_queue_is_skipped():
@@ -319,10 +374,11 @@ def test_postgres_notify_wakes_an_idle_worker():
         message = django_dbqueue.enqueue("w-ok", {})
         wait_for(
             lambda: ArchivedMessage.objects.filter(message_id=message.pk).exists(),
-            timeout=20,
+            timeout=40,
             what="the notified worker to process the message",
         )
-        assert time.monotonic() - started < 20
+        # Polling alone would take close to 60 s; the notification wakes it at once.
+        assert time.monotonic() - started < 10
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.communicate(timeout=60)

@@ -1,0 +1,35 @@
+"""What a worker can be told, and what its exit status means."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ..handlers import Handler
+
+
+class ExitStatus(enum.IntEnum):
+    """The worker process's exit status: what happened."""
+
+    OK = 0  # stopped as asked (signal, --until-empty, --max-messages, --max-runtime) with nothing left running
+    ERROR = 1  # could not start, or one of its threads crashed (logged with its traceback)
+    ABANDONED = 3  # the grace period ran out with handlers still running; their leases will expire
+    FORCED = 4  # a second signal: exited at once; leases of running messages will expire
+
+
+@dataclass
+class WorkerConfig:
+    """Everything ``runqueueworker`` can be told; None means "from the DBQUEUE setting"."""
+
+    queues: list[str] = field(default_factory=list)
+    concurrency: int = 1
+    batch_size: int = 1
+    poll_interval: float | None = None
+    max_poll_interval: float | None = None
+    visibility_timeout: float | None = None
+    until_empty: bool = False
+    max_messages: int | None = None
+    max_runtime: float | None = None
+    grace: float | None = None
+    handler: Handler | None = None  # overrides the registry (exec mode)
+    reap: bool = False

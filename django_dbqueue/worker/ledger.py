@@ -1,0 +1,172 @@
+"""The in-flight ledger: what a worker holds, in one place, behind one lock.
+
+A worker holds a message from its claim until its outcome is written. In
+between, the message is in exactly one of three places, kept per slot (a
+consumer thread's own key):
+
+- **claimed**, not started (:meth:`Ledger.claimed`, then :meth:`~Ledger.start`),
+  given back at once on a graceful stop (:meth:`~Ledger.take_unstarted`);
+- **running**, at most one per slot, until :meth:`~Ledger.finish` (its outcome
+  written) or :meth:`~Ledger.await_ack`;
+- **waiting for its ack**, written with the rest of its batch in one
+  transaction (:meth:`~Ledger.unacked`, then :meth:`~Ledger.acked`).
+
+The heartbeat extends the leases of all three (:meth:`~Ledger.leases`);
+``--until-empty`` and ``--max-messages`` read how much is in hand; the
+processed and failed counters feed the worker row and the log.
+
+Lock contract: every method takes the ledger's lock itself and calls
+nothing outside while holding it, so callers hold no lock of their own.
+Only a slot's consumer moves that slot's messages; other threads read
+(the heartbeat, the main thread) or take the unstarted ones back (shutdown).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from ..models import Message
+
+
+class Counts(NamedTuple):
+    """Outcomes written so far: acknowledged or deferred, and everything else."""
+
+    processed: int
+    failed: int
+
+    @property
+    def total(self) -> int:
+        return self.processed + self.failed
+
+
+class Ledger:
+    """Everything a worker holds, per slot, and its counters; safe to share between threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._claimed: dict[Hashable, deque[Message]] = {}
+        self._running: dict[Hashable, Message] = {}
+        self._unacked: dict[Hashable, list[tuple[Message, Any]]] = {}
+        self._processed = 0
+        self._failed = 0
+
+    # --- a slot's consumer moves its messages --------------------------------------
+
+    def claimed(self, slot: Hashable, messages: Iterable[Message]) -> None:
+        """``slot`` claimed ``messages``: held, not started, in the order given."""
+        with self._lock:
+            self._claimed.setdefault(slot, deque()).extend(messages)
+
+    def start(self, slot: Hashable) -> Message | None:
+        """The next claimed message of ``slot``, now running; None when it has none left."""
+        with self._lock:
+            if slot in self._running:
+                raise RuntimeError(f"slot {slot!r} already runs message {self._running[slot].pk}")
+            held = self._claimed.get(slot)
+            if not held:
+                return None
+            message = self._running[slot] = held.popleft()
+            return message
+
+    def finish(self, slot: Hashable, ok: bool | None = None) -> Message | None:
+        """``slot``'s running message is done with: its outcome is written, or will never be.
+
+        ``ok`` counts it: True as processed, False as failed, None not at all
+        (nothing was written; its lease will expire). Returns the message, or
+        None when the slot runs nothing (already finished, or waiting for its ack).
+        """
+        with self._lock:
+            message = self._running.pop(slot, None)
+            if message is not None and ok is not None:
+                self._count(ok, 1)
+            return message
+
+    def await_ack(self, slot: Hashable, note: Any = None) -> None:
+        """``slot``'s running message succeeded; its ack waits to be written with the batch.
+
+        ``note`` travels with it to :meth:`unacked` (the worker keeps the verdict there).
+        """
+        with self._lock:
+            message = self._running.pop(slot, None)
+            if message is None:
+                raise RuntimeError(f"slot {slot!r} runs no message")
+            self._unacked.setdefault(slot, []).append((message, note))
+
+    def unacked(self, slot: Hashable) -> list[tuple[Message, Any]]:
+        """The messages of ``slot`` waiting for their ack, oldest first, with their notes (a copy)."""
+        with self._lock:
+            return list(self._unacked.get(slot, ()))
+
+    def acked(self, slot: Hashable, held: Sequence[bool]) -> None:
+        """The first ``len(held)`` unacked messages of ``slot`` were written.
+
+        ``held[i]`` says whether the i-th ack found its lease: counted as
+        processed if so, as failed (its lease was lost) if not.
+        """
+        with self._lock:
+            waiting = self._unacked.get(slot, [])
+            if len(held) > len(waiting):
+                raise RuntimeError(f"slot {slot!r} has {len(waiting)} unacked message(s), not {len(held)}")
+            del waiting[: len(held)]
+            kept = sum(map(bool, held))
+            self._count(True, kept)
+            self._count(False, len(held) - kept)
+
+    # --- anyone reads, or takes the unstarted back -----------------------------------
+
+    def take_unstarted(self) -> list[Message]:
+        """Every claimed, unstarted message of every slot, now no longer held (to be given back)."""
+        with self._lock:
+            taken = [message for held in self._claimed.values() for message in held]
+            for held in self._claimed.values():
+                held.clear()
+            return taken
+
+    def leases(self) -> list[Message]:
+        """Every message whose lease the worker holds: claimed, running or waiting for its ack."""
+        with self._lock:
+            messages = [message for held in self._claimed.values() for message in held]
+            messages += self._running.values()
+            messages += [message for waiting in self._unacked.values() for message, _ in waiting]
+            return messages
+
+    def running(self) -> list[Message]:
+        """The messages whose handlers run now."""
+        with self._lock:
+            return list(self._running.values())
+
+    def in_hand(self) -> int:
+        """How many messages the worker holds (claimed, running or waiting for its ack)."""
+        with self._lock:
+            return self._in_hand()
+
+    def is_empty(self) -> bool:
+        """Whether the worker holds nothing at all."""
+        return self.in_hand() == 0
+
+    def room(self, wanted: int, limit: int | None) -> int:
+        """How many of ``wanted`` may be claimed without passing ``limit`` messages in all (done and in hand)."""
+        if limit is None:
+            return wanted
+        with self._lock:
+            return max(0, min(wanted, limit - self._processed - self._failed - self._in_hand()))
+
+    def counts(self) -> Counts:
+        with self._lock:
+            return Counts(self._processed, self._failed)
+
+    # --- under the lock ----------------------------------------------------------------
+
+    def _in_hand(self) -> int:
+        held = sum(map(len, self._claimed.values()))
+        return held + len(self._running) + sum(map(len, self._unacked.values()))
+
+    def _count(self, ok: bool, number: int) -> None:
+        if ok:
+            self._processed += number
+        else:
+            self._failed += number

@@ -1,0 +1,192 @@
+"""The worker process: starts its threads, stops them, and says how it ended.
+
+One :class:`QueueWorker` is one ``runqueueworker`` process: ``concurrency``
+consumer threads (:mod:`.consumer`), a heartbeat (:mod:`.heartbeat`), on
+PostgreSQL a listener (:mod:`.listener`), with ``--reap`` a reaper
+(:meth:`django_dbqueue.reaper.Reaper.loop`). What they hold is in one
+:class:`~.ledger.Ledger`; the events they share and what a crash does are
+in :class:`~.lifecycle.Lifecycle`.
+
+Shutdown: the first SIGTERM/SIGINT stops claiming, releases claimed but
+unstarted messages at once and lets running handlers finish within
+``SHUTDOWN_GRACE``; a second signal exits at once (those leases expire).
+A thread that crashes stops the worker the same way, and it exits with
+``ExitStatus.ERROR``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+from django.db import connections
+
+from .. import handlers as handler_registry
+from ..conf import database_for, get_settings
+from ..db.errors import DATABASE_TROUBLE
+from ..exceptions import InvalidOption
+from ..reaper import Reaper
+from ..validation import validate_queues
+from .config import ExitStatus, WorkerConfig
+from .consumer import Consumer, PausedQueues
+from .heartbeat import Heartbeat
+from .ledger import Ledger
+from .lifecycle import Lifecycle
+from .listener import Listener
+
+logger = logging.getLogger("django_dbqueue")
+
+
+class QueueWorker:
+    """Runs handlers for messages of ``config.queues`` until told to stop."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        dbq = get_settings()
+        self.config = config
+        queues = config.queues or sorted({q for q, _ in handler_registry.registered()})
+        if not queues:
+            raise InvalidOption("no queues to serve: name them, or register handlers in an app's queues.py")
+        self.queues = validate_queues(queues)
+        self.using = database_for(self.queues)
+        self.poll_interval = config.poll_interval or dbq.poll_interval
+        self.max_poll_interval = max(config.max_poll_interval or dbq.max_poll_interval, self.poll_interval)
+        self.grace = dbq.shutdown_grace if config.grace is None else config.grace
+        self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.ledger = Ledger()
+        self.lifecycle = Lifecycle(self.name)
+        self.heartbeat = Heartbeat(
+            name=self.name,
+            queues=self.queues,
+            using=self.using,
+            concurrency=config.concurrency,
+            visibility_timeout=config.visibility_timeout,
+            ledger=self.ledger,
+        )
+        self._signalled = False
+        self._previous_handlers: dict[int, Any] = {}
+
+    @property
+    def processed(self) -> int:
+        return self.ledger.counts().processed
+
+    @property
+    def failed(self) -> int:
+        return self.ledger.counts().failed
+
+    def consumer(self, slot: int, paused: PausedQueues | None = None) -> Consumer:
+        """The consumer that runs in thread ``slot`` (one per --concurrency)."""
+        return Consumer(
+            slot,
+            name=self.name,
+            queues=self.queues,
+            using=self.using,
+            config=self.config,
+            poll_interval=self.poll_interval,
+            max_poll_interval=self.max_poll_interval,
+            ledger=self.ledger,
+            lifecycle=self.lifecycle,
+            paused=paused or PausedQueues(self.using),
+        )
+
+    # --- lifecycle -----------------------------------------------------------
+
+    def run(self) -> ExitStatus:
+        """Start the threads, wait for a stop, shut down; returns the exit status."""
+        started = time.monotonic()
+        life = self.lifecycle
+        self._install_signals()
+        self.heartbeat.register()
+        paused = PausedQueues(self.using)
+        consumers = [
+            life.thread(self.consumer(n, paused).run, f"dbqueue-consumer-{n}") for n in range(self.config.concurrency)
+        ]
+        helpers = [life.thread(lambda: self.heartbeat.run(life.finished), "dbqueue-heartbeat")]
+        listener = Listener(name=self.name, queues=self.queues, using=self.using)
+        if listener.available():
+            helpers.append(life.thread(lambda: listener.run(life.stopping, life.wake), "dbqueue-listener"))
+        if self.config.reap:
+            reaper = Reaper(using=self.using)
+            helpers.append(life.thread(lambda: reaper.loop(life.stopping), "dbqueue-reaper"))
+        logger.info(
+            "worker %s serving %s with %d thread(s), batches of %d",
+            self.name,
+            ", ".join(self.queues),
+            self.config.concurrency,
+            self.config.batch_size,
+        )
+        for thread in consumers + helpers:
+            thread.start()
+        while not life.stopping.wait(0.2):
+            if self.config.max_runtime and time.monotonic() - started >= self.config.max_runtime:
+                self.stop("max runtime reached")
+            if not any(t.is_alive() for t in consumers):
+                self.stop("all consumer threads finished")
+        status = self._shutdown(consumers)
+        life.finished.set()
+        for thread in helpers:
+            thread.join(timeout=5)
+        if life.crashed:
+            status = ExitStatus.ERROR
+        if self.ledger.is_empty():
+            self.heartbeat.unregister()
+        # Otherwise the worker still holds messages (handlers running past the grace, acks
+        # never written): the row stays, its heartbeat goes silent, and the reaper gives
+        # them back after WORKER_STALE_AFTER instead of a whole lease.
+        connections.close_all()
+        for signum, previous in self._previous_handlers.items():
+            signal.signal(signum, previous)
+        counts = self.ledger.counts()
+        logger.info(
+            "worker %s exits (%s): %d processed, %d failed", self.name, status.name, counts.processed, counts.failed
+        )
+        return status
+
+    def stop(self, why: str) -> None:
+        """Stop claiming and shut down as a first signal would (callable from any thread)."""
+        self.lifecycle.stop(why)
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # tests run workers in threads; signals only reach the main thread
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if self._signalled:
+                logger.warning("worker %s: second signal, exiting at once", self.name)
+                os._exit(ExitStatus.FORCED)
+            self._signalled = True
+            self.stop(f"got {signal.Signals(signum).name}")
+            # Claimed but unstarted messages go back now, not after the grace.
+            self.lifecycle.thread(self._release_unstarted, "dbqueue-release").start()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous_handlers[signum] = signal.signal(signum, on_signal)
+
+    def _shutdown(self, consumers: list[threading.Thread]) -> ExitStatus:
+        self._release_unstarted()
+        deadline = time.monotonic() + self.grace
+        for thread in consumers:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        # A claim that was under way when the stop came holds messages nobody will start.
+        self._release_unstarted()
+        if any(t.is_alive() for t in consumers):
+            running = [m.pk for m in self.ledger.running()]
+            logger.warning("worker %s: grace period over with %s still running", self.name, running)
+            return ExitStatus.ABANDONED
+        return ExitStatus.OK
+
+    def _release_unstarted(self) -> None:
+        unstarted = self.ledger.take_unstarted()
+        for message in unstarted:
+            try:
+                message.release()
+            except DATABASE_TROUBLE as exc:  # its lease will expire instead
+                logger.warning("could not release message %s: %s", message.pk, exc)
+        if unstarted:
+            logger.info("worker %s released %d unstarted message(s)", self.name, len(unstarted))
+        connections.close_all()
