@@ -81,6 +81,12 @@ def big_tables(settings):
             cursor.execute(sql.format(live=LIVE, archived=ARCHIVED))
             if sql.startswith("ANALYZE TABLE"):
                 cursor.fetchall()
+    yield
+    # The test flush DELETEs rows; a million deleted rows leave InnoDB's row
+    # estimates off for the next tests (the paginator's): start them empty.
+    with connection.cursor() as cursor:
+        for table in GROWING:
+            cursor.execute(f"TRUNCATE TABLE {table}")
 
 
 def full_scans(sql: str) -> list[str]:

@@ -54,6 +54,15 @@ def state_filters() -> dict[str, Q]:
     }
 
 
+def lease_held(token: str, ids: Iterable[int]) -> Q:
+    """The lease guard, the one definition: rows ``ids`` still carry ``token``, and the lease has not run out.
+
+    A lease that ran out is lost even before another worker claims the
+    message: the reaper or a new claim may act on it at any moment.
+    """
+    return Q(pk__in=list(ids), lease_token=token, available_at__gt=DbNow())
+
+
 def exhausted(max_attempts: int) -> Q:
     """Leased, with no attempts left (``max_attempts``: the queue's default for messages that set none)."""
     return Q(lease_token__isnull=False, attempts__gte=Coalesce("max_attempts", Value(max_attempts)))
@@ -163,14 +172,10 @@ class MessageQuerySet(models.QuerySet["Message"]):
         return None if oldest is None else max(db_now(self.db) - oldest, timedelta(0))
 
     def leased(self, message: Message) -> MessageQuerySet:
-        """The queryset that matches ``message`` only while its holder's lease holds.
-
-        A lease that ran out is lost even before another worker claims the
-        message: the reaper or a new claim may act on it at any moment.
-        """
+        """The queryset that matches ``message`` only while its holder's lease holds (:func:`lease_held`)."""
         if message.pk is None or not message.lease_token:
             raise NotClaimed(f"message {message.pk} is not claimed (it has no lease token); claim it first")
-        return self.filter(pk=message.pk, lease_token=message.lease_token, available_at__gt=DbNow())
+        return self.filter(lease_held(message.lease_token, [message.pk]))
 
     def give_back(self, *, count_attempt: bool) -> int:
         """Make these leased messages ready again, keeping their place in the queue.
@@ -430,7 +435,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
 
     def extend_leases(self, token: str, ids: list[int], seconds: float) -> int:
         """Push the leases of ``ids`` under ``token`` to ``seconds`` from now; a lease already lost stays lost."""
-        return self.filter(pk__in=ids, lease_token=token, available_at__gt=DbNow()).update(available_at=DbNow(seconds))
+        return self.filter(lease_held(token, ids)).update(available_at=DbNow(seconds))
 
     def release_from(self, worker: str) -> int:
         """Give back every message ``worker`` holds (a dead worker's); the attempt it used counts."""
@@ -511,9 +516,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
             tokens[message.lease_token].append(message.pk)
         match = Q()
         for token, ids in tokens.items():
-            match |= Q(lease_token=token, pk__in=ids)
-        # Like ack(): a lease that ran out is lost even before someone else claims it.
-        match &= Q(available_at__gt=DbNow())
+            match |= lease_held(token, ids)
         kept: dict[int, Any] = {}
         notes: dict[int, str] = {}
         for message in messages:
