@@ -1,5 +1,6 @@
 """Slots of cron expressions and intervals, and the catch-up plans made from them: pure computation."""
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -110,7 +111,7 @@ def test_hourly_jobs_follow_real_time_across_dst():
     spring = slots_between(hourly, utc(2026, 3, 28, 23), utc(2026, 3, 29, 23), 100)  # the local day of 23 hours
     autumn = slots_between(hourly, utc(2026, 10, 24, 22), utc(2026, 10, 25, 23), 100)  # the local day of 25 hours
     assert len(spring) == 24 and len(autumn) == 25
-    assert all(b - a == timedelta(hours=1) for a, b in zip(autumn, autumn[1:], strict=False))
+    assert all(b - a == timedelta(hours=1) for a, b in itertools.pairwise(autumn))
 
 
 @pytest.mark.parametrize("expression", ["30 2 * * *", "0 * * * *", "*/20 1-3 * * *", "45 2 * * SUN", "0 3 * * *"])

@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ..validation import KIND_MAX_LENGTH, PRIORITY_RANGE, json_problem, queue_name_problem
+from ..exceptions import DbQueueError
+from ..validation import (
+    MAX_DELAY_SECONDS,
+    PRIORITY_RANGE,
+    json_problem,
+    json_size_problem,
+    queue_name_problem,
+    validate_headers,
+    validate_kind,
+)
 from .policy import CATCH_UP_POLICIES, LATEST
 from .timing import Cron, Interval, Timing, cron_problem, timezone_problem
 
@@ -119,24 +128,21 @@ def build_spec(
     cron, every = values.get("cron"), values.get("every")
     timing: Timing | None = None
     zone = values.get("timezone") or default_timezone
+    if (zone_problem := timezone_problem(zone)) is not None:
+        bad("timezone", zone_problem)
     if (cron is None) == (every is None):
         bad("cron", "give exactly one of cron (an expression such as '*/5 * * * *') and every (an interval)")
     elif cron is not None:
         if (why := cron_problem(cron)) is not None:
             bad("cron", why)
-        elif (why := timezone_problem(zone)) is not None:
-            bad("timezone", why)
-        else:
+        elif zone_problem is None:
             timing = Cron(cron.strip(), zone)
     else:
         seconds = _seconds(every)
-        if seconds is None or seconds < 1 or seconds != int(seconds):
-            bad("every", f"must be a whole number of seconds (at least 1) or a timedelta, not {every!r}")
+        if seconds is None or not 1 <= seconds <= MAX_DELAY_SECONDS or seconds != int(seconds):
+            bad("every", f"must be a whole number of seconds (1 to ten years) or a timedelta, not {every!r}")
         else:
             timing = Interval(int(seconds))
-    if values.get("timezone") is not None and (why := timezone_problem(values["timezone"])) is not None:
-        if not any(f == "timezone" for f, _ in problems):
-            bad("timezone", why)
 
     task = values.get("task")
     queue = values.get("queue")
@@ -160,17 +166,17 @@ def build_spec(
         elif (why := queue_name_problem(queue)) is not None:
             bad("queue", why)
     kind = values.get("kind") or ""
-    if not isinstance(kind, str) or len(kind) > KIND_MAX_LENGTH:
-        bad("kind", f"must be a string of at most {KIND_MAX_LENGTH} characters, not {kind!r}")
+    headers = values.get("headers") or {}
+    for key, check in (("kind", validate_kind), ("headers", validate_headers)):
+        try:
+            check(values.get(key))
+        except DbQueueError as exc:
+            if values.get(key) is not None:
+                bad(key, str(exc))
     payload = values.get("payload")
     payload = {} if payload is None else payload
-    if (why := json_problem(payload, "payload")) is not None:
+    if (why := json_problem(payload, "payload") or json_size_problem(payload, "payload")) is not None:
         bad("payload", why)
-    headers = values.get("headers") or {}
-    if not isinstance(headers, dict):
-        bad("headers", f"must be a dict, not {type(headers).__name__}")
-    elif (why := json_problem(headers, "headers")) is not None:
-        bad("headers", why)
     priority = values.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int) or priority not in PRIORITY_RANGE:
         bad("priority", f"must be an integer from -32768 to 32767 (smaller runs first), not {priority!r}")
@@ -191,8 +197,8 @@ def build_spec(
         grace_seconds = min(GRACE_CAP, timing.seconds) if isinstance(timing, Interval) else GRACE_CAP
     else:
         grace_seconds = _seconds(grace)
-        if grace_seconds is None or grace_seconds < 0:
-            bad("grace", f"must be a number of seconds (at least 0) or a timedelta, not {grace!r}")
+        if grace_seconds is None or not 0 <= grace_seconds <= MAX_DELAY_SECONDS:
+            bad("grace", f"must be a number of seconds (0 to ten years) or a timedelta, not {grace!r}")
     skip = values.get("skip_if_running", False)
     if not isinstance(skip, bool):
         bad("skip_if_running", f"must be True or False, not {skip!r}")
