@@ -9,10 +9,10 @@ from datetime import timedelta
 
 import pytest
 
-from django_dbqueue.models import Message, ScheduleRun
-from tests.processes import start_command, wait_for
+from django_dbqueue.models import ArchivedMessage, Message, ScheduleRun
+from tests.processes import start_command, start_worker, wait_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def schedulers(schedules: dict, *args: object):
@@ -25,6 +25,7 @@ def finish(process, timeout: float = 120) -> str:
     return stdout
 
 
+@pytest.mark.slow
 def test_4_schedulers_fire_a_1_second_schedule_once_per_slot_for_20_seconds():
     # GRACE: a pass that comes late on a busy machine still fires its slot (docs/schedules.md).
     tick = {"tick": {"EVERY": 1, "QUEUE": "s-race", "GRACE": 10}}
@@ -49,6 +50,7 @@ CATCH_UP = {
 }
 
 
+@pytest.mark.slow
 def test_stopped_for_10_slots_each_catch_up_policy_does_what_it_promises():
     loop = schedulers(CATCH_UP)
     wait_for(lambda: all(ScheduleRun.objects.filter(schedule_id=n).count() >= 2 for n in CATCH_UP), what="firing")
@@ -80,3 +82,18 @@ def test_stopped_for_10_slots_each_catch_up_policy_does_what_it_promises():
         assert all(run.trigger in ("catch-up", "scheduled") for run in by_restart[name])
         assert Message.objects.filter(queue=name, headers__schedule_trigger="catch-up").count() == len(caught_up(name))
     assert "s-none: passed over" in output and "s-all: passed over" in output
+
+
+def test_every_worker_fires_schedules_unless_told_not_to():
+    tick = json.dumps({"tick": {"EVERY": 1, "QUEUE": "w-ok", "GRACE": 10}})
+    worker = start_worker("w-ok", "--max-runtime", 5, DBQUEUE_TEST_SCHEDULES=tick)
+    opted_out = start_worker("w-ok", "--max-runtime", 5, "--no-schedules", DBQUEUE_TEST_SCHEDULES=tick)
+    for process in (worker, opted_out):
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0, stderr[-4000:]
+    runs = list(ScheduleRun.objects.filter(schedule_id="tick"))
+    assert len(runs) >= 2
+    assert {run.fired_by.rsplit(":", 1)[1] for run in runs} == {str(worker.pid)}
+    # The workers ran the scheduled messages too: the handler's return value is in the archive.
+    done = ArchivedMessage.objects.filter(queue="w-ok", headers__schedule="tick")
+    assert done.count() >= 1
