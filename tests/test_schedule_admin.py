@@ -1,4 +1,4 @@
-"""The schedules' admin through Django's test client: the list, enable/disable and run now, with and without permissions."""
+"""The schedules' admin through the test client: the list, enable/disable and run now, with and without permission."""
 
 import pytest
 
@@ -71,7 +71,7 @@ def test_run_now_needs_its_permission_and_sends_one_message(client, known):
     client.force_login(staff("runner", VIEW, "run_schedule"))
     response = post_action(client, "schedule", "run_now", ["nightly"])
     manual = Message.objects.filter(queue="s-night", headers__schedule_trigger="manual").get()
-    assert f"nightly: sent <a href=\"/admin/django_dbqueue/message/{manual.pk}/change/\">message {manual.pk}</a>." in [
+    assert f'nightly: sent <a href="/admin/django_dbqueue/message/{manual.pk}/change/">message {manual.pk}</a>.' in [
         str(m) for m in response.context["messages"]
     ]
     assert ScheduleRun.objects.get(message_id=manual.pk).fired_by == "runner"
