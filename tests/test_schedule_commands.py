@@ -23,8 +23,10 @@ def test_once_makes_one_pass_and_says_what_it_did(schedules):
     assert "nothing due" in run("runqueueschedules", "--once")  # first sight: nothing before counts
     time.sleep(1.1)
     output = run("runqueueschedules", "--once")
-    [message] = Message.objects.filter(queue="s-tick")
-    assert f"tick: slot {message.headers['schedule_slot']} (scheduled) sent message {message.pk}" in output
+    messages = list(Message.objects.filter(queue="s-tick"))
+    assert 1 <= len(messages) <= 2  # the slots of the 1.1 seconds between the passes
+    for message in messages:
+        assert f"tick: slot {message.headers['schedule_slot']} (scheduled) sent message {message.pk}" in output
     assert "next slot at " in output
 
 
