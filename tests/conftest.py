@@ -1,6 +1,6 @@
 import pytest
 
-from tests.schedule_helpers import schedules  # noqa: F401  (a fixture: code declarations made in a test go away)
+from tests.support.schedules import schedules  # noqa: F401  (a fixture: code declarations made in a test go away)
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ import pytest
 
 from django_dbqueue.models import Message, Schedule, ScheduleRun
 from django_dbqueue.schedules.scheduler import Scheduler
-from tests.admin_helpers import changelist, post_action, staff, user_messages
-from tests.schedule_helpers import Clock, at
+from tests.support.admin_helpers import changelist, post_action, staff, user_messages
+from tests.support.schedules import Clock, at
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from django_dbqueue.models import ArchivedMessage, Message, ScheduleRun
-from tests.processes import start_command, start_worker, wait_for
+from tests.support.processes import start_command, start_worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,7 +5,7 @@ from django.core import checks
 from django.test import override_settings
 
 import django_dbqueue
-from django_dbqueue.taskframework import FRAMEWORK
+from django_dbqueue.tasks.compat import FRAMEWORK
 
 if FRAMEWORK is None:
     pytest.skip("needs Django 6's django.tasks or, on Django 5.2, the django-tasks backport", allow_module_level=True)
@@ -14,9 +14,9 @@ from django_dbqueue.dispatch import process
 from django_dbqueue.models import Message
 from django_dbqueue.schedules.registry import declared
 from django_dbqueue.schedules.scheduler import Scheduler
-from django_dbqueue.taskframework import TaskResultStatus, task_backends, task_enqueued
 from django_dbqueue.tasks import TASK_KIND
-from tests.schedule_helpers import Clock, at
+from django_dbqueue.tasks.compat import TaskResultStatus, task_backends, task_enqueued
+from tests.support.schedules import Clock, at
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ from django_dbqueue.exceptions import ImproperlyConfiguredQueue, InvalidOption
 from django_dbqueue.models import Message, Schedule, ScheduleRun, ScheduleTrigger
 from django_dbqueue.schedules.registry import declared
 from django_dbqueue.schedules.scheduler import Scheduler
-from tests.schedule_helpers import Clock, at
+from tests.support.schedules import Clock, at
 
 pytestmark = pytest.mark.django_db
 
@@ -243,9 +243,9 @@ def test_a_bad_declaration_in_code_is_a_check_error_naming_schedule_and_field(sc
     schedules("no-queue", every=60)
     errors = [e for e in checks.run_checks(databases=[]) if e.id == "django_dbqueue.E003"]
     assert sorted(e.msg for e in errors) == [
-        "schedule 'broken' (declared on tests.schedule_helpers.declared_broken): "
+        "schedule 'broken' (declared on tests.support.schedules.declared_broken): "
         "cron has a bad hour field '25' in '0 25 * * *'",
-        "schedule 'no-queue' (declared on tests.schedule_helpers.declared_no-queue): "
+        "schedule 'no-queue' (declared on tests.support.schedules.declared_no-queue): "
         "queue is missing: name the queue the messages go to (or put @schedule above @handler)",
     ]
     with pytest.raises(ImproperlyConfiguredQueue, match="bad hour field"):

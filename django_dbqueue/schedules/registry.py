@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from django.utils.module_loading import import_string
 
-from .. import handlers, taskframework
+from .. import handlers
 from ..conf import get_settings, queue_options, raw_setting, schedule_specs, schedule_timezone
 from ..exceptions import ImproperlyConfiguredQueue
 from .spec import ScheduleSpec, build_spec
@@ -179,7 +179,11 @@ def restore(state: tuple[dict[str, Declaration], list[str]]) -> None:
 
 
 def _is_task(target: Any) -> bool:
-    return taskframework.FRAMEWORK is not None and isinstance(target, taskframework.Task)
+    """A Tasks framework task (Django 6's or the django-tasks backport's), known by its shape.
+
+    The framework's adapter lives in django_dbqueue.tasks, above this layer.
+    """
+    return all(hasattr(target, name) for name in ("module_path", "queue_name", "get_backend", "enqueue"))
 
 
 def _path(target: Any) -> str:
