@@ -10,8 +10,8 @@ from django_dbqueue.tasks.compat import FRAMEWORK
 if FRAMEWORK is None:
     pytest.skip("needs Django 6's django.tasks or, on Django 5.2, the django-tasks backport", allow_module_level=True)
 
-from django_dbqueue.dispatch import process
 from django_dbqueue.models import Message
+from django_dbqueue.running import process
 from django_dbqueue.schedules.registry import declared
 from django_dbqueue.schedules.scheduler import Scheduler
 from django_dbqueue.tasks import TASK_KIND
