@@ -14,6 +14,7 @@ _EXPORTS = {
     "claim": "operations",
     "ack_many": "operations",
     "handler": "handlers",
+    "schedule": "schedules.registry",
     "Reject": "handlers",
     "Retry": "handlers",
     "Defer": "handlers",

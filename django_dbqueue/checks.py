@@ -1,7 +1,8 @@
 """System checks: the DBQUEUE setting and what the queue's databases can do.
 
 Ids are stable: E001 setting, E002 no SKIP LOCKED, W001 REPEATABLE READ,
-W003 a missing JDBC driver for the Spark analytics;
+W003 a missing JDBC driver for the Spark analytics, E003 a schedule declared
+in code that is invalid (one in DBQUEUE["SCHEDULES"] is E001's);
 W002 (a Tasks backend queue without ARCHIVE) is reported by DatabaseQueueBackend.check().
 """
 
@@ -25,6 +26,17 @@ def check_setting(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     return [
         Error(problem, hint=f"See {DOCS} for every key and its default.", id="django_dbqueue.E001")
         for problem in find_problems(raw_setting())
+    ]
+
+
+@register()
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """Schedules declared with ``@schedule``: each problem names the schedule and the field."""
+    from .schedules.registry import declared
+
+    return [
+        Error(problem, hint="See docs/schedules.md for every field.", id="django_dbqueue.E003")
+        for problem in declared()[1]
     ]
 
 

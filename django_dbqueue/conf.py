@@ -151,6 +151,10 @@ GLOBAL_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     "LOG_INTERVAL": (60.0, _number(1, DAY)),
     "REAP_INTERVAL": (2.0, _number(0.1, DAY)),
     "REAP_BATCH_SIZE": (1000, _integer(1, 100_000)),
+    # Schedules (docs/schedules.md): the longest a scheduler sleeps between passes
+    # (it wakes sooner for a slot), and how long the record of each firing is kept.
+    "SCHEDULER_INTERVAL": (5.0, _number(0.1, HOUR)),
+    "SCHEDULE_RETENTION_DAYS": (7, _number(0, 36500, allow_none=True)),
     # Topics and the queues subscribed to them, beside the Subscription table.
     "TOPICS": ({}, _topics),
     # The JDBC drivers ``manage.py queueanalytics`` gives Spark (spark.jars);
@@ -195,10 +199,14 @@ class DbQueueSettings:
     log_interval: float
     reap_interval: float
     reap_batch_size: int
+    scheduler_interval: float
+    schedule_retention_days: float | None
     topics: dict[str, list[str]]
     spark_jars: list[str]
     defaults: QueueOptions
     queues: dict[str, QueueOptions] = field(default_factory=dict)
+    # DBQUEUE["SCHEDULES"], checked: name -> ScheduleSpec (django_dbqueue.schedules.spec).
+    schedules: dict[str, Any] = field(default_factory=dict)
 
     def for_queue(self, queue: str) -> QueueOptions:
         return self.queues.get(queue, self.defaults)
@@ -214,11 +222,11 @@ def find_problems(raw: Any) -> list[str]:
         return [f"DBQUEUE must be a dict, not {type(raw).__name__}"]
     problems = []
     for key, value in raw.items():
-        if key == "QUEUES":
+        if key in ("QUEUES", "SCHEDULES"):
             continue
         spec = QUEUE_KEYS.get(key) or GLOBAL_KEYS.get(key)
         if spec is None:
-            known = ", ".join(sorted([*QUEUE_KEYS, *GLOBAL_KEYS, "QUEUES"]))
+            known = ", ".join(sorted([*QUEUE_KEYS, *GLOBAL_KEYS, "QUEUES", "SCHEDULES"]))
             problems.append(f"DBQUEUE has an unknown key {key!r}; known keys: {known}")
         elif (why := spec[1](value)) is not None:
             problems.append(f"DBQUEUE[{key!r}] {why}")
@@ -229,6 +237,7 @@ def find_problems(raw: Any) -> list[str]:
             f"DBQUEUE['WORKER_STALE_AFTER'] ({stale}) must be more than twice HEARTBEAT_INTERVAL ({heartbeat}), "
             "or live workers would be taken for dead"
         )
+    problems += schedule_problems(raw.get("SCHEDULES", {}))
     queues = raw.get("QUEUES", {})
     if not isinstance(queues, dict):
         return [*problems, f"DBQUEUE['QUEUES'] must be a dict of queue name to options, not {type(queues).__name__}"]
@@ -252,6 +261,43 @@ def find_problems(raw: Any) -> list[str]:
     return problems
 
 
+# --- SCHEDULES -----------------------------------------------------------------
+#
+# ``DBQUEUE["SCHEDULES"] = {"name": {"CRON": "*/5 * * * *", "QUEUE": "reports", ...}}``:
+# the keys are the fields of ``@django_dbqueue.schedule`` in capitals. The
+# checks themselves live in django_dbqueue.schedules.spec, shared with the decorator.
+
+
+def schedule_timezone() -> str:
+    """The time zone a cron schedule reads its expression in when it names none: Django's TIME_ZONE."""
+    return getattr(settings, "TIME_ZONE", None) or "UTC"
+
+
+def schedule_specs(raw: Any) -> tuple[dict[str, Any], list[str]]:
+    """The SCHEDULES setting as specs, and a sentence naming the schedule and field of each problem."""
+    from .schedules.spec import build_spec
+
+    if not isinstance(raw, dict):
+        return {}, [f"DBQUEUE['SCHEDULES'] must be a dict of schedule name to its fields, not {type(raw).__name__}"]
+    specs, problems = {}, []
+    for name, values in raw.items():
+        where = f"DBQUEUE['SCHEDULES'][{name!r}]"
+        if not isinstance(values, dict) or not all(isinstance(key, str) for key in values):
+            problems.append(f"{where} must be a dict such as {{'CRON': '0 * * * *', 'QUEUE': 'reports'}}")
+            continue
+        lower = {key.lower(): value for key, value in values.items()}
+        spec, found = build_spec(name, lower, default_timezone=schedule_timezone(), origin="settings")
+        for key, why in found:
+            problems.append(f"{where} {why}" if key == "name" else f"{where}[{key.upper()!r}] {why}")
+        if spec is not None:
+            specs[name] = spec
+    return specs, problems
+
+
+def schedule_problems(raw: Any) -> list[str]:
+    return schedule_specs(raw)[1]
+
+
 def _queue_options(values: dict[str, Any]) -> QueueOptions:
     return QueueOptions(**{key.lower(): values[key] for key in QUEUE_KEYS})
 
@@ -271,6 +317,7 @@ def get_settings() -> DbQueueSettings:
         **global_values,
         defaults=_queue_options(merged),
         queues={name: _queue_options({**merged, **options}) for name, options in raw.get("QUEUES", {}).items()},
+        schedules=schedule_specs(raw.get("SCHEDULES", {}))[0],
     )
 
 
@@ -375,5 +422,5 @@ def task_backend_options(params: dict[str, Any]) -> TaskBackendOptions:
 
 @receiver(setting_changed)
 def _reset(setting: str, **kwargs: Any) -> None:
-    if setting in ("DBQUEUE", "DATABASES"):
+    if setting in ("DBQUEUE", "DATABASES", "TIME_ZONE"):
         get_settings.cache_clear()

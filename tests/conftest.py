@@ -1,5 +1,7 @@
 import pytest
 
+from tests.support.schedules import schedules  # noqa: F401  (a fixture: code declarations made in a test go away)
+
 
 @pytest.fixture
 def archive_and_live_counts():

@@ -97,6 +97,13 @@ DBQUEUE = {
     "TOPICS": {"t-orders": ["t-email", "t-invoicing"]},
 }
 
+# Schedules for the processes a test starts (runqueueschedules, runqueueworker):
+# JSON in DBQUEUE_TEST_SCHEDULES, the way a project writes DBQUEUE["SCHEDULES"].
+if os.environ.get("DBQUEUE_TEST_SCHEDULES"):
+    import json
+
+    DBQUEUE["SCHEDULES"] = json.loads(os.environ["DBQUEUE_TEST_SCHEDULES"])
+
 # Django's Tasks framework (django.tasks, or the django-tasks backport on 5.2),
 # served by django-dbqueue; tests/testapp/tasks.py holds the tasks.
 TASKS = {

@@ -12,7 +12,8 @@ Importing this package (Django's admin autodiscovery does) registers:
 - ``messages``: live messages (:class:`MessageAdmin`);
 - ``archive``: the archive and its dead letters (:class:`ArchiveAdmin`, :class:`DeadLetterAdmin`);
 - ``overview``: the Queues page with pause and resume (:class:`QueueOverviewAdmin`);
-- ``subscriptions`` and ``stats``: topic subscriptions, the analytics' hourly figures.
+- ``subscriptions`` and ``stats``: topic subscriptions, the analytics' hourly figures;
+- ``schedules``: the schedules, with enable/disable and run now (:class:`ScheduleAdmin`, docs/schedules.md).
 
 ``base`` holds what they share, ``filters`` their list filters, ``charts`` the overview's SVG.
 """
@@ -20,6 +21,7 @@ Importing this package (Django's admin autodiscovery does) registers:
 from .archive import ArchiveAdmin, DeadLetterAdmin
 from .messages import MessageAdmin
 from .overview import QueueOverviewAdmin
+from .schedules import ScheduleAdmin
 from .stats import QueueStatAdmin
 from .subscriptions import SubscriptionAdmin
 
@@ -29,5 +31,6 @@ __all__ = [
     "MessageAdmin",
     "QueueOverviewAdmin",
     "QueueStatAdmin",
+    "ScheduleAdmin",
     "SubscriptionAdmin",
 ]

@@ -10,12 +10,14 @@ querysets and managers. The tables' layouts are a documented contract
 from .archive import ArchivedMessage, ArchivedMessageQuerySet, DeadLetter, Outcome
 from .messages import Message, MessageManager, MessageQuerySet, MessageState
 from .queues import QueueStat, QueueState, Subscription
+from .schedules import Fired, Schedule, ScheduleRun, ScheduleTrigger
 from .workers import Worker
 
 __all__ = [
     "ArchivedMessage",
     "ArchivedMessageQuerySet",
     "DeadLetter",
+    "Fired",
     "Message",
     "MessageManager",
     "MessageQuerySet",
@@ -23,6 +25,9 @@ __all__ = [
     "Outcome",
     "QueueStat",
     "QueueState",
+    "Schedule",
+    "ScheduleRun",
+    "ScheduleTrigger",
     "Subscription",
     "Worker",
 ]

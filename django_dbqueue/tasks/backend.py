@@ -21,7 +21,11 @@ from django.utils.module_loading import import_string
 
 from .. import handlers
 from ..conf import database_for, find_problems, queue_options, raw_setting, task_backend_options, task_backend_problems
+from ..exceptions import InvalidOption
+from ..models import Message
 from ..operations import enqueue
+from ..schedules.registry import TaskMessage, register_task_builder
+from ..schedules.spec import ScheduleSpec
 from ..validation import queue_name_problem
 from .compat import (
     DEFAULT_TASK_QUEUE_NAME,
@@ -66,6 +70,12 @@ class DatabaseQueueBackend(BaseTaskBackend):
         ``task_enqueued`` is sent once that transaction commits (at once in
         autocommit); a rolled-back enqueue sends nothing and leaves nothing.
         """
+        queue, payload, options = self.task_message(task, args, kwargs)
+        message = enqueue(queue, payload, **options)
+        return self.announce(task, message)
+
+    def task_message(self, task: Task, args: Any, kwargs: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        """The message that stands for ``task`` called with ``args`` and ``kwargs``: queue, payload, options."""
         self.validate_task(task)
         payload = {
             "task": task.module_path,
@@ -78,15 +88,17 @@ class DatabaseQueueBackend(BaseTaskBackend):
         run_at = task.run_after
         if run_at is not None and timezone.is_naive(run_at):  # allowed by the framework when USE_TZ is False
             run_at = timezone.make_aware(run_at)
-        message = enqueue(
-            task.queue_name,
-            payload,
-            kind=TASK_KIND,
-            priority=-task.priority,
-            run_at=run_at,
-            max_attempts=self.max_attempts,
-            using=self.database,
-        )
+        options = {
+            "kind": TASK_KIND,
+            "priority": -task.priority,
+            "run_at": run_at,
+            "max_attempts": self.max_attempts,
+            "using": self.database,
+        }
+        return task.queue_name, payload, options
+
+    def announce(self, task: Task, message: Message) -> TaskResult:
+        """The task's READY result; ``task_enqueued`` goes out once the message's transaction commits."""
         result = task_result(message, TaskResultStatus.READY, alias=self.alias, task=task)
         transaction.on_commit(partial(task_enqueued.send, type(self), task_result=result), using=self.database)
         return result
@@ -139,3 +151,22 @@ def register_task_queues() -> None:
         queues = params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])
         if isinstance(queues, list | tuple | set | frozenset):
             register([name for name in queues if queue_name_problem(name) is None])
+
+
+def scheduled_task_message(spec: ScheduleSpec) -> TaskMessage:
+    """What a schedule's slot sends for a task (``@schedule`` on a ``@task``): see docs/schedules.md."""
+    task = import_string(spec.task)
+    if not isinstance(task, Task):
+        raise InvalidOption(f"schedule {spec.name!r}: {spec.task!r} is a {type(task).__name__}, not a task")
+    backend = task.get_backend()
+    if not isinstance(backend, DatabaseQueueBackend):
+        raise InvalidOption(
+            f"schedule {spec.name!r}: task {spec.task!r} runs on TASKS[{task.backend!r}], a "
+            f"{type(backend).__name__}; a scheduled task needs a DatabaseQueueBackend"
+        )
+    queue, payload, options = backend.task_message(task, spec.args, spec.kwargs)
+    options.pop("using")  # the scheduler writes on the queue's database, the backend's own
+    return queue, payload, options, partial(backend.announce, task)
+
+
+register_task_builder(scheduled_task_message)

@@ -33,3 +33,4 @@ class WorkerConfig:
     grace: float | None = None
     handler: Handler | None = None  # overrides the registry (exec mode)
     reap: bool = False
+    schedules: bool = True  # fire the schedules of this database too (docs/schedules.md)

@@ -32,6 +32,7 @@ from ..conf import database_for, get_settings
 from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import InvalidOption
 from ..reaper import Reaper
+from ..schedules.scheduler import Scheduler
 from ..validation import validate_queues
 from .config import ExitStatus, WorkerConfig
 from .consumer import Consumer, PausedQueues
@@ -58,6 +59,10 @@ class QueueWorker:
         self.max_poll_interval = max(config.max_poll_interval or dbq.max_poll_interval, self.poll_interval)
         self.grace = dbq.shutdown_grace if config.grace is None else config.grace
         self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        # Every worker takes part in firing the schedules of its database, unless told not to.
+        self.scheduler = Scheduler(using=self.using) if config.schedules else None
+        if self.scheduler is not None and not self.scheduler.schedules():
+            self.scheduler = None
         self.ledger = Ledger()
         self.lifecycle = Lifecycle(self.name)
         self.heartbeat = Heartbeat(
@@ -113,6 +118,9 @@ class QueueWorker:
         if self.config.reap:
             reaper = Reaper(using=self.using)
             helpers.append(life.thread(lambda: reaper.loop(life.stopping), "dbqueue-reaper"))
+        if self.scheduler is not None:
+            scheduler = self.scheduler
+            helpers.append(life.thread(lambda: scheduler.loop(life.stopping), "dbqueue-scheduler"))
         logger.info(
             "worker %s serving %s with %d thread(s), batches of %d",
             self.name,

@@ -35,6 +35,12 @@ class Command(BaseCommand):
             help="Kill an --exec command (and its process group) running longer; the attempt fails.",
         )
         parser.add_argument("--reap", action="store_true", help="Also run the reaper in this process.")
+        parser.add_argument(
+            "--no-schedules",
+            dest="schedules",
+            action="store_false",
+            help="Do not fire schedules in this worker (by default every worker takes part).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         handler = None
@@ -65,6 +71,7 @@ class Command(BaseCommand):
             grace=options["grace"],
             handler=handler,
             reap=options["reap"],
+            schedules=options["schedules"],
         )
         try:
             worker = QueueWorker(config)

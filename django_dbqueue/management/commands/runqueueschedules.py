@@ -1,0 +1,52 @@
+"""``manage.py runqueueschedules``: a thin parser over :class:`django_dbqueue.schedules.scheduler.Scheduler`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_dbqueue.exceptions import DbQueueError
+from django_dbqueue.management.arguments import positive_float
+from django_dbqueue.schedules.scheduler import Scheduler
+
+
+class Command(BaseCommand):
+    help = "Fire the declared schedules' messages, once per slot however many schedulers run (SIGTERM/SIGINT stops)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--once", action="store_true", help="One pass: fire what is due now, print it, exit.")
+        parser.add_argument("--database", default=None, help="Database alias (default: the queues' DATABASE).")
+        parser.add_argument("--max-runtime", type=positive_float, help="Exit after this many seconds.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["verbosity"] >= 2:
+            logging.getLogger("django_dbqueue").setLevel(logging.DEBUG if options["verbosity"] >= 3 else logging.INFO)
+        scheduler = Scheduler(options["database"])
+        try:
+            if not scheduler.schedules():
+                self.stderr.write(f"no schedules are declared for database {scheduler.using!r}")
+            if options["once"]:
+                self.stdout.write(str(scheduler.run_once()))
+                return
+        except DbQueueError as exc:
+            raise CommandError(str(exc)) from exc
+        stop = threading.Event()
+        signalled = []
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if signalled:  # a second signal: at once (a pass holds no lease; its transaction just rolls back)
+                os._exit(4)
+            signalled.append(signum)
+            stop.set()
+
+        previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            scheduler.loop(stop, max_runtime=options["max_runtime"])
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)

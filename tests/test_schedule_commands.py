@@ -1,0 +1,48 @@
+"""``runqueueschedules --once`` and the schedules in ``queuestats``."""
+
+import json
+import time
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_dbqueue.models import Message
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args):
+    out = StringIO()
+    call_command(*args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+def test_once_makes_one_pass_and_says_what_it_did(schedules):
+    schedules("tick", every=1, queue="s-tick")
+    first = run("runqueueschedules", "--once")
+    assert "nothing due" in first, first  # first sight: nothing before counts
+    time.sleep(1.1)
+    output = run("runqueueschedules", "--once")
+    messages = list(Message.objects.filter(queue="s-tick"))
+    assert 1 <= len(messages) <= 2, output  # the slots of the 1.1 seconds between the passes
+    for message in messages:
+        assert f"tick: slot {message.headers['schedule_slot']} (scheduled) sent message {message.pk}" in output
+    assert "next slot at " in output
+
+
+def test_a_bad_declaration_stops_the_command(schedules):
+    schedules("broken", cron="0 0 * * FUNDAY", queue="s-tick")
+    with pytest.raises(CommandError, match=r"schedule 'broken'.*bad day-of-week field 'FUNDAY'"):
+        run("runqueueschedules", "--once")
+
+
+def test_queuestats_lists_the_schedules(schedules):
+    schedules("tick", every=3600, queue="s-tick")
+    run("runqueueschedules", "--once")
+    text = run("queuestats")
+    assert "Schedules (1)" in text
+    assert "tick  every 1h  -> s-tick  next " in text and "no run yet  ENABLED" in text
+    [entry] = json.loads(run("queuestats", "--json"))["schedules"]
+    assert (entry["name"], entry["state"], entry["timing"]) == ("tick", "enabled", "every 1h")
+    assert entry["next_slot"].endswith(":00:00+00:00") and entry["last_outcome"] == ""
