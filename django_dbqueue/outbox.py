@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from django.apps import apps
 from django.db import models, transaction
@@ -33,6 +33,7 @@ from .operations import ENQUEUE_OPTIONS, build_message, enqueue_built
 # Options a rule passes to enqueue()/publish(); each may be a value or a callable of the instance.
 RULE_OPTIONS = ENQUEUE_OPTIONS - {"kind", "key"}
 WHEN_SHORTCUTS = ("created", "updated")
+Shortcut = Literal["created", "updated"]
 EVENTS = {"save": post_save, "delete": post_delete}
 
 Value = Any  # a value, or a callable that takes the instance and returns one
@@ -52,7 +53,7 @@ class OutboxRule:
     payload: Value
     kind: Value = ""
     key: Value = None
-    when: Callable[..., bool] | str | None = None
+    when: Callable[..., bool] | Shortcut | None = None
     options: dict[str, Value] = field(default_factory=dict)
     name: str = ""
 
@@ -67,10 +68,8 @@ class OutboxRule:
     def applies(self, instance: models.Model, created: bool) -> bool:
         if self.when is None:
             return True
-        if self.when == "created":
-            return created
-        if self.when == "updated":
-            return not created
+        if isinstance(self.when, str):  # a shortcut
+            return created if self.when == "created" else not created
         if self.event == "delete":
             return bool(self.when(instance))
         return bool(self.when(instance, created))
@@ -85,6 +84,7 @@ class OutboxRule:
             from .topics import build_copies
 
             return build_copies(self.topic, payload, options)
+        assert self.queue is not None  # a rule names a queue or a topic
         message, delay = build_message(self.queue, payload, options)
         return [(message, delay)], database_for(self.queue, options.get("using"))
 
@@ -138,7 +138,7 @@ def _register(
     payload: Value,
     kind: Value = "",
     key: Value = None,
-    when: Callable[..., bool] | str | None = None,
+    when: Callable[..., bool] | Shortcut | None = None,
     name: str = "",
     options: dict[str, Value],
 ) -> OutboxRule:
@@ -180,7 +180,7 @@ def enqueue_on_save(
     payload: Value,
     kind: Value = "",
     key: Value = None,
-    when: Callable[[Any, bool], bool] | str | None = None,
+    when: Callable[[Any, bool], bool] | Shortcut | None = None,
     name: str = "",
     **options: Value,
 ) -> OutboxRule:
@@ -226,7 +226,7 @@ def publish_on_save(
     payload: Value,
     kind: Value = "",
     key: Value = None,
-    when: Callable[[Any, bool], bool] | str | None = None,
+    when: Callable[[Any, bool], bool] | Shortcut | None = None,
     name: str = "",
     **options: Value,
 ) -> OutboxRule:

@@ -6,7 +6,7 @@ import json
 import math
 import re
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.utils import timezone
 
@@ -40,14 +40,14 @@ def queue_name_problem(name: Any, what: str = "queue") -> str | None:
 def validate_queue_name(name: Any) -> str:
     if (why := queue_name_problem(name)) is not None:
         raise InvalidQueueName(why)
-    return name
+    return cast(str, name)  # queue_name_problem() found a str
 
 
 def validate_topic_name(name: Any) -> str:
     """Topic names follow the rules of queue names."""
     if (why := queue_name_problem(name, "topic")) is not None:
         raise InvalidQueueName(why)
-    return name
+    return cast(str, name)  # queue_name_problem() found a str
 
 
 def validate_queues(queues: str | list[str] | tuple[str, ...]) -> list[str]:

@@ -11,7 +11,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -36,7 +36,7 @@ class EditAndReplayForm(forms.Form):
             ) from exc
 
 
-class ArchiveAdmin(ReadOnlyQueueAdmin):
+class ArchiveAdmin(ReadOnlyQueueAdmin[ArchivedMessage]):
     """History: every finished message. Replay works on dead, expired and cancelled rows."""
 
     list_display = ["id", "message_id", "queue", "kind", "key", "outcome", "attempts", "finished_at", "replayed"]
@@ -69,7 +69,7 @@ class ArchiveAdmin(ReadOnlyQueueAdmin):
     def result_pretty(self, obj: ArchivedMessage) -> SafeString:
         return pretty_json(obj.result)
 
-    def replay_selected(self, request: HttpRequest, queryset: QuerySet, force: bool) -> None:
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet[ArchivedMessage], force: bool) -> None:
         by = request.user.get_username()
         replayed = self.apply(
             request, queryset, lambda row: control.replay(row, by=by, force=force), "replayed", "Not replayed"
@@ -79,14 +79,16 @@ class ArchiveAdmin(ReadOnlyQueueAdmin):
             self.message_user(request, format_html('New message: <a href="{}">{}</a>.', url, replayed[0].pk))
 
     @admin.action(description="Replay selected (new ready messages, attempts reset)", permissions=["replay"])
-    def replay(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def replay(self, request: HttpRequest, queryset: QuerySet[ArchivedMessage]) -> None:
         self.replay_selected(request, queryset, force=False)
 
     @admin.action(description="Replay selected again, even if replayed before", permissions=["replay"])
-    def replay_forced(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def replay_forced(self, request: HttpRequest, queryset: QuerySet[ArchivedMessage]) -> None:
         self.replay_selected(request, queryset, force=True)
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None):
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         extra = {
             "can_replay": self.has_replay_permission(request),
             "can_purge": self.has_purge_permission(request) and self.model is DeadLetter,
@@ -113,12 +115,12 @@ class DeadLetterAdmin(ArchiveAdmin):
         return lines[-1][:120] if lines else ""
 
     @admin.action(description="Purge selected dead letters (delete for good)", permissions=["purge"])
-    def purge(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def purge(self, request: HttpRequest, queryset: QuerySet[ArchivedMessage]) -> None:
         ids = self.selected(request, queryset.values_list("pk", flat=True))
         purged = control.purge(ids, using=queryset.db)
         self.message_user(request, f"{purged} dead letter(s) purged.", messages.SUCCESS)
 
-    def get_urls(self) -> list:
+    def get_urls(self) -> list[URLPattern]:
         return [
             path(
                 "<path:object_id>/edit-and-replay/",

@@ -9,14 +9,14 @@ controls, never by saving a form or updating a queryset.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
@@ -24,6 +24,27 @@ from django.views.decorators.http import require_POST
 from ..exceptions import DbQueueError
 from ..models import ArchivedMessage, Message
 from ..paginator import EstimatingPaginator
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin as ModelAdmin
+else:
+
+    class _ModelAdminOf:
+        """``ModelAdmin[SomeModel]``: generic in its model for type checkers (django-stubs), plain at run time.
+
+        Django's ModelAdmin takes no type arguments; this stands in for it as
+        a base class, so the admins here are typed by the model they show.
+        """
+
+        def __getitem__(self, model: object) -> type[admin.ModelAdmin]:
+            return admin.ModelAdmin
+
+    ModelAdmin = _ModelAdminOf()
+
+# The rows a queue admin shows: live or archived messages.
+Row = TypeVar("Row", bound=Message | ArchivedMessage)
+T = TypeVar("T")
+R = TypeVar("R")
 
 # What each operator's action needs, besides the model's view permission.
 PERMISSIONS = {
@@ -47,9 +68,9 @@ def pretty_json(value: Any) -> SafeString:
     return format_html('<pre class="dbqueue-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False))
 
 
-def flat(fields: list) -> list[str]:
+def flat(fields: Sequence[str | Sequence[str]]) -> list[str]:
     """The field names of a ``fields`` layout (rows given as tuples)."""
-    return [name for item in fields for name in (item if isinstance(item, tuple) else (item,))]
+    return [name for item in fields for name in ((item,) if isinstance(item, str) else item)]
 
 
 def full_text(value: str) -> SafeString:
@@ -92,7 +113,7 @@ class OperatorPermissions:
         return request.user.has_perm(PERMISSIONS["pause"])
 
 
-class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, admin.ModelAdmin):
+class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, ModelAdmin[Row], Generic[Row]):
     """Live and archived messages: estimated counts, escaped payloads, actions as POSTs."""
 
     paginator = EstimatingPaginator
@@ -120,7 +141,9 @@ class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, admin.ModelAdmin):
     def last_error_full(self, obj: Message | ArchivedMessage) -> SafeString:
         return full_text(obj.last_error)
 
-    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Row], search_term: str
+    ) -> tuple[QuerySet[Row], bool]:
         """One index-served lookup per search, never an OR with a payload scan."""
         term = search_term.strip()
         if not term:
@@ -136,7 +159,7 @@ class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, admin.ModelAdmin):
 
     # --- a detail page's buttons: the list's actions on one row --------------------
 
-    def object_action_urls(self) -> list:
+    def object_action_urls(self) -> list[URLPattern]:
         """``<id>/do/<name>/``: one POST-only view for the buttons of a detail page."""
         info = self.opts.app_label, self.opts.model_name
         return [
@@ -147,7 +170,7 @@ class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, admin.ModelAdmin):
             )
         ]
 
-    def get_object_or_404(self, request: HttpRequest, object_id: str) -> Any:
+    def get_object_or_404(self, request: HttpRequest, object_id: str) -> Row:
         obj = self.get_object(request, object_id)  # None for a missing or malformed id
         if obj is None:
             raise Http404(f"no {self.opts.verbose_name} with id {object_id!r}")
@@ -164,17 +187,17 @@ class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, admin.ModelAdmin):
         action(request, self.get_queryset(request).filter(pk=obj.pk))
         return HttpResponseRedirect(self.after_object_action(request, obj))
 
-    def after_object_action(self, request: HttpRequest, obj: Any) -> str:
+    def after_object_action(self, request: HttpRequest, obj: Row) -> str:
         if self.get_queryset(request).filter(pk=obj.pk).exists():
             return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[obj.pk])
         return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist")
 
-    def get_urls(self) -> list:
+    def get_urls(self) -> list[URLPattern]:
         return self.object_action_urls() + super().get_urls()
 
     # --- actions on the selected rows ------------------------------------------------
 
-    def selected(self, request: HttpRequest, queryset: QuerySet) -> list[Any]:
+    def selected(self, request: HttpRequest, queryset: QuerySet[Any, T]) -> list[T]:
         """The first ``action_limit`` selected rows, in the list's order; says so when more were selected."""
         rows = list(queryset[: self.action_limit + 1])
         if len(rows) > self.action_limit:
@@ -188,15 +211,17 @@ class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, admin.ModelAdmin):
         return rows
 
     def apply(
-        self, request: HttpRequest, queryset: QuerySet, operation: Callable[[Any], Any], done: str, skipped: str
-    ) -> list[Any]:
+        self, request: HttpRequest, queryset: QuerySet[Row], operation: Callable[[Row], R], done: str, skipped: str
+    ) -> list[R]:
         """Run ``operation`` on each selected row (at most ``action_limit``); tell the user what happened.
 
         ``operation`` returns False for a row it left unchanged (listed by id
         under ``skipped``) and raises :class:`DbQueueError` to refuse one
         (its reason shown). Returns the other rows' results.
         """
-        results, refused, unchanged = [], [], []
+        results: list[R] = []
+        refused: list[str] = []
+        unchanged: list[str] = []
         for row in self.selected(request, queryset):
             try:
                 result = operation(row)

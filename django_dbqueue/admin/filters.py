@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
 from .. import handlers
 from ..conf import get_settings
-from ..models import Message, MessageState
+from ..models import Message, MessageQuerySet, MessageState
+
+M = TypeVar("M", bound=Model)
 
 
 class ValuesFilter(admin.SimpleListFilter):
@@ -27,11 +29,11 @@ class ValuesFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         values = self.known_values()
-        if self.value():
-            values.add(self.value())
+        if chosen := self.value():
+            values.add(chosen)
         return [(value, value or "(none)") for value in sorted(values)]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[M]) -> QuerySet[M]:
         return queryset if self.value() is None else queryset.filter(**{self.field: self.value()})
 
 
@@ -59,5 +61,9 @@ class StateFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return list(MessageState.choices)
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        return queryset.in_state(self.value()) if self.value() in MessageState.values else queryset
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> QuerySet[Message]:
+        state = self.value()
+        if state is None or state not in MessageState.values:
+            return queryset
+        # The message admin's queryset, from Message's default manager: a MessageQuerySet.
+        return cast(MessageQuerySet, queryset).in_state(state)

@@ -9,7 +9,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.views.decorators.http import require_POST
 
 from .. import control
@@ -17,7 +17,7 @@ from ..conf import database_for
 from ..exceptions import DbQueueError
 from ..models import QueueState
 from ..overview import Overview, build_overview, format_age
-from .base import NoEditForms, OperatorPermissions
+from .base import ModelAdmin, NoEditForms, OperatorPermissions
 from .charts import Series, hourly_bars
 
 
@@ -45,10 +45,10 @@ def overview_rows(overview: Overview) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 @admin.register(QueueState)
-class QueueOverviewAdmin(NoEditForms, OperatorPermissions, admin.ModelAdmin):
+class QueueOverviewAdmin(NoEditForms, OperatorPermissions, ModelAdmin[QueueState]):
     """The "Queues" entry of the admin index: its list page is the overview, with pause and resume."""
 
-    def get_urls(self) -> list:
+    def get_urls(self) -> list[URLPattern]:
         return [
             path(
                 "pause/",

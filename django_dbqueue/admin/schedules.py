@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -23,12 +24,15 @@ from ..exceptions import DbQueueError
 from ..models import Schedule
 from ..schedules.scheduler import run_now
 from ..schedules.status import ScheduleStatus, schedule_statuses
+from .base import ModelAdmin
 
+# The attribute a list page hangs each row's status on, for its display methods.
+STATUS = "schedule_status"
 PERMISSIONS = {"toggle": "django_dbqueue.toggle_schedule", "run": "django_dbqueue.run_schedule"}
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(ModelAdmin[Schedule]):
     """Schedules: timing, next slot, last run and where its message is now, and the switches."""
 
     list_display = ["name", "state", "timing_text", "next_run", "last_run", "queue", "kind"]
@@ -46,20 +50,20 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     # --- what each row shows ---------------------------------------------------------
 
-    def get_changelist_instance(self, request: HttpRequest) -> Any:
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         """Read the statuses of the page's rows in one go (a few queries), and hang each on its row."""
         changelist = super().get_changelist_instance(request)
         rows = list(changelist.result_list)
         using = rows[0]._state.db if rows else None
         statuses = {status.name: status for status in schedule_statuses(using, rows=rows)}
         for row in rows:
-            row.schedule_status = statuses[row.name]
+            vars(row)[STATUS] = statuses[row.name]
         return changelist
 
     def _status(self, obj: Schedule) -> ScheduleStatus:
-        status = getattr(obj, "schedule_status", None)
+        status: ScheduleStatus | None = vars(obj).get(STATUS)
         if status is None:  # a detail page, an action: one row
-            status = obj.schedule_status = schedule_statuses(obj._state.db, rows=[obj])[0]
+            status = vars(obj)[STATUS] = schedule_statuses(obj._state.db or "default", rows=[obj])[0]
         return status
 
     @admin.display(description="state", ordering="enabled")
@@ -112,7 +116,7 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     # --- actions -------------------------------------------------------------------------
 
-    def _switch(self, request: HttpRequest, queryset: QuerySet, enabled: bool) -> None:
+    def _switch(self, request: HttpRequest, queryset: QuerySet[Schedule], enabled: bool) -> None:
         by = request.user.get_username()
         names = [row.name for row in queryset if Schedule.objects.using(queryset.db).set_enabled(row.name, enabled, by)]
         if names:
@@ -120,15 +124,15 @@ class ScheduleAdmin(admin.ModelAdmin):
             self.message_user(request, f"{len(names)} schedule(s) {what}: {', '.join(names)}.", messages.SUCCESS)
 
     @admin.action(description="Enable selected schedules (from now on, without catching up)", permissions=["toggle"])
-    def enable(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         self._switch(request, queryset, True)
 
     @admin.action(description="Disable selected schedules", permissions=["toggle"])
-    def disable(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         self._switch(request, queryset, False)
 
     @admin.action(description="Run selected schedules now (one message each, off their slots)", permissions=["run"])
-    def run_now(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def run_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         by = request.user.get_username()
         for row in queryset:
             try:
@@ -144,7 +148,7 @@ class ScheduleAdmin(admin.ModelAdmin):
                 request, format_html('{}: sent <a href="{}">message {}</a>.', row.name, url, fired.message.pk)
             )
 
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         """The delete action removes orphaned schedules only (a declared one would come back at the next pass)."""
         orphaned = [row.name for row in queryset if self._status(row).orphaned]
         kept = [row.name for row in queryset if row.name not in orphaned]

@@ -6,10 +6,11 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from ..models import QueueStat
+from .base import ModelAdmin
 
 
 @admin.register(QueueStat)
-class QueueStatAdmin(admin.ModelAdmin):
+class QueueStatAdmin(ModelAdmin[QueueStat]):
     """The figures ``queueanalytics`` computed, read-only: a re-run of a window replaces them."""
 
     list_display = [

@@ -6,10 +6,11 @@ from django.contrib import admin
 
 from ..conf import get_settings
 from ..models import Subscription
+from .base import ModelAdmin
 
 
 @admin.register(Subscription)
-class SubscriptionAdmin(admin.ModelAdmin):
+class SubscriptionAdmin(ModelAdmin[Subscription]):
     """Subscriptions in the table; those of the ``TOPICS`` setting are changed in settings only."""
 
     list_display = ["topic", "queue", "also_in_settings", "created_at"]

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from django.db import connections
+
+if TYPE_CHECKING:
+    from django.db.backends.mysql.base import DatabaseWrapper as MySQLDatabaseWrapper
 
 
 def lacks_skip_locked(using: str) -> bool:
@@ -17,7 +22,7 @@ def runs_repeatable_read(using: str) -> bool:
     if connection.vendor != "mysql":
         return False
     # MariaDB names it tx_isolation; MySQL 8 removed that name.
-    variable = "tx_isolation" if connection.mysql_is_mariadb else "transaction_isolation"
+    variable = "tx_isolation" if cast("MySQLDatabaseWrapper", connection).mysql_is_mariadb else "transaction_isolation"
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT @@SESSION.{variable}")
         return str(cursor.fetchone()[0]).upper() == "REPEATABLE-READ"

@@ -7,7 +7,7 @@ queue compares or stores comes from the one database server.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import django
 from django.db import connections
@@ -15,6 +15,10 @@ from django.db.models import DateTimeField, Func
 from django.db.models.sql import Query
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models.sql.compiler import SQLCompiler
 
 
 class DbNow(Func):
@@ -31,18 +35,23 @@ class DbNow(Func):
         super().__init__()
         self.seconds = float(seconds)
 
-    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+    def as_mysql(self, compiler: SQLCompiler, connection: BaseDatabaseWrapper, **extra: Any) -> tuple[str, list[Any]]:
         if self.seconds:
             return "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)", [round(self.seconds * 1_000_000)]
         return "UTC_TIMESTAMP(6)", []
 
-    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+    def as_postgresql(
+        self, compiler: SQLCompiler, connection: BaseDatabaseWrapper, **extra: Any
+    ) -> tuple[str, list[Any]]:
         # STATEMENT_TIMESTAMP(), not NOW(): NOW() is frozen at the transaction's start.
         if self.seconds:
             return "(STATEMENT_TIMESTAMP() + make_interval(secs => %s))", [self.seconds]
         return "STATEMENT_TIMESTAMP()", []
 
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+    # The parameters stay a list, as Django 5.2 expects; django-stubs types them as Django 6's tuple.
+    def as_sqlite(  # type: ignore[override]
+        self, compiler: SQLCompiler, connection: BaseDatabaseWrapper, **extra: Any
+    ) -> tuple[str, list[Any]]:
         # Django stores datetimes in SQLite as UTC text with six fractional
         # digits; SQLite's clock has three. Pad, so that text compares like
         # with like: a time Django wrote in this very millisecond is not later than now.
@@ -54,7 +63,8 @@ class DbNow(Func):
 def compile_now(using: str, seconds: float = 0.0) -> tuple[str, list[Any]]:
     """``DbNow(seconds)`` as SQL and parameters, for hand-written statements."""
     connection = connections[using]
-    return Query(None).get_compiler(connection=connection).compile(DbNow(seconds))
+    sql, params = Query(None).get_compiler(connection=connection).compile(DbNow(seconds))
+    return sql, list(params)
 
 
 def db_now(using: str) -> datetime:
@@ -62,9 +72,11 @@ def db_now(using: str) -> datetime:
     sql, params = compile_now(using)
     with connections[using].cursor() as cursor:
         cursor.execute(f"SELECT {sql}", params)
-        value = cursor.fetchone()[0]
-    if isinstance(value, str):
-        value = parse_datetime(value)
+        raw: datetime | str = cursor.fetchone()[0]
+    # SQLite answers with text.
+    value = raw if isinstance(raw, datetime) else parse_datetime(raw)
+    if value is None:
+        raise ValueError(f"the database's clock read {raw!r}, which is not a time")
     if timezone.is_naive(value):
         value = timezone.make_aware(value, UTC)
     return value

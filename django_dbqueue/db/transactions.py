@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Protocol, cast
 
 from django.db import connections, transaction
+
+
+class TransactionMode(Protocol):
+    """SQLite's ``transaction_mode`` (Django 5.1+): the BEGIN it issues; not in django-stubs yet."""
+
+    transaction_mode: str | None
 
 
 @contextlib.contextmanager
@@ -25,14 +32,15 @@ def write_transaction(using: str) -> Iterator[None]:
             yield
         return
     connection.ensure_connection()
-    previous = connection.transaction_mode
-    connection.transaction_mode = "IMMEDIATE"
+    sqlite = cast(TransactionMode, connection)
+    previous = sqlite.transaction_mode
+    sqlite.transaction_mode = "IMMEDIATE"
     try:
         with transaction.atomic(using=using):
-            connection.transaction_mode = previous
+            sqlite.transaction_mode = previous
             yield
     finally:
-        connection.transaction_mode = previous
+        sqlite.transaction_mode = previous
 
 
 @contextlib.contextmanager

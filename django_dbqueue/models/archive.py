@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
 
 from django.db import models
 from django.db.models import Q
@@ -32,17 +33,21 @@ class Outcome(models.TextChoices):
 REPLAYABLE = {Outcome.DEAD, Outcome.EXPIRED, Outcome.CANCELLED}
 
 
-class ArchivedMessageQuerySet(models.QuerySet["ArchivedMessage"]):
-    def acked(self) -> ArchivedMessageQuerySet:
+# Generic in its rows: ArchivedMessage's, and its DeadLetter proxy's.
+Row = TypeVar("Row", bound="ArchivedMessage")
+
+
+class ArchivedMessageQuerySet(models.QuerySet[Row]):
+    def acked(self) -> Self:
         return self.filter(outcome=Outcome.ACKED)
 
-    def dead(self) -> ArchivedMessageQuerySet:
+    def dead(self) -> Self:
         return self.filter(outcome=Outcome.DEAD)
 
-    def expired(self) -> ArchivedMessageQuerySet:
+    def expired(self) -> Self:
         return self.filter(outcome=Outcome.EXPIRED)
 
-    def cancelled(self) -> ArchivedMessageQuerySet:
+    def cancelled(self) -> Self:
         return self.filter(outcome=Outcome.CANCELLED)
 
     def prune(self, match: Q, before: datetime, batch_size: int) -> int:
@@ -57,7 +62,7 @@ class ArchivedMessageQuerySet(models.QuerySet["ArchivedMessage"]):
             if not ids:
                 return total
             total += with_retries(
-                self.db, lambda ids=ids: self.filter(pk__in=ids)._raw_delete(self.db), what="archive pruning"
+                self.db, partial(self.filter(pk__in=ids)._raw_delete, self.db), what="archive pruning"
             )
 
     def replay(
@@ -196,15 +201,20 @@ class ArchivedMessage(models.Model):
         )
 
 
-class DeadLetterManager(models.Manager.from_queryset(ArchivedMessageQuerySet)):  # type: ignore[misc]
-    def get_queryset(self) -> ArchivedMessageQuerySet:
-        return super().get_queryset().dead()
+# A named base, so that django-stubs types the manager's queryset methods.
+BaseDeadLetterManager = models.Manager.from_queryset(ArchivedMessageQuerySet)
+
+
+class DeadLetterManager(BaseDeadLetterManager["DeadLetter"]):
+    def get_queryset(self) -> ArchivedMessageQuerySet[DeadLetter]:
+        # from_queryset() makes get_queryset() return an ArchivedMessageQuerySet; django-stubs says QuerySet.
+        return cast("ArchivedMessageQuerySet[DeadLetter]", super().get_queryset()).dead()
 
 
 class DeadLetter(ArchivedMessage):
     """The archive's dead rows, on their own: what operators inspect, edit, replay and purge."""
 
-    objects = DeadLetterManager()
+    objects: ClassVar[DeadLetterManager] = DeadLetterManager()
 
     class Meta:
         app_label = "django_dbqueue"

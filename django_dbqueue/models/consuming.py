@@ -46,8 +46,11 @@ def backoff_delay(message: Message) -> float:
 class ConsumerActions:
     """Mixed into :class:`~django_dbqueue.models.Message`: the lease holder's operations."""
 
+    # Each method's ``self`` is a Message; mypy reports a self type narrower
+    # than the mixin as [misc], hence the ignores on the signatures.
+
     def _finish(self: Message, outcome: str, **row: Any) -> bool:  # type: ignore[misc]
-        done, archived = type(self).objects.using(self._state.db).finish(self, outcome, **row)
+        done, archived = type(self).objects.using(self._state.db or "default").finish(self, outcome, **row)
         if done:
             events.finished(self, outcome, archived, row)
         return done
@@ -123,7 +126,7 @@ class ConsumerActions:
 
     def release(self: Message) -> bool:  # type: ignore[misc]
         """Give the message back unprocessed: it keeps its place, and the claim's attempt is not counted."""
-        using = self._state.db
+        using = self._state.db or "default"
         leased = type(self).objects.using(using).leased(self)
         done = with_retries(using, lambda: leased.give_back(count_attempt=False) == 1, what=f"release {self.pk}")
         if done:

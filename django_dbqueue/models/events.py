@@ -96,22 +96,23 @@ def claimed(messages: list[Message], using: str, worker: str) -> None:
 def failed(message: Message, error: str, delay: float) -> None:
     if listened(signals.message_failed):
         event = {"message": message, "queue": message.queue, "error": error, "delay": delay}
-        send(signals.message_failed, message._state.db, [event])
+        send(signals.message_failed, message._state.db or "default", [event])
 
 
 def finished(message: Message, outcome: str, archived: ArchivedMessage | None, row: dict[str, Any]) -> None:
     """The signal of ``outcome`` (acked, dead, expired, cancelled) for one message."""
     from .archive import Outcome
 
-    signal = {
+    by_outcome: dict[str, Signal] = {
         Outcome.ACKED: signals.message_acked,
         Outcome.DEAD: signals.message_dead_lettered,
         Outcome.EXPIRED: signals.message_expired,
         Outcome.CANCELLED: signals.message_cancelled,
-    }[outcome]
+    }
+    signal = by_outcome[outcome]
     if not listened(signal):
         return
-    using = message._state.db
+    using = message._state.db or "default"
     event: dict[str, Any] = {
         "message": message,
         "queue": message.queue,

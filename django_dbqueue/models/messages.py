@@ -16,7 +16,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from django.db import IntegrityError, models
 from django.db.models import Case, Count, F, Min, Q, Value, When
@@ -40,7 +40,14 @@ class MessageState(models.TextChoices):
     IN_FLIGHT = "in_flight", "in flight"
 
 
-def state_filters() -> dict[str, Q]:
+class StateAnnotations(TypedDict):
+    """What :meth:`MessageQuerySet.with_state` annotates: the row's state, and the database's time (for ages)."""
+
+    current_state: str
+    db_now: datetime
+
+
+def state_filters() -> dict[MessageState, Q]:
     """The one definition of each live state, judged by the database's clock.
 
     ``ready`` is claimable now (including messages whose lease ran out),
@@ -61,6 +68,13 @@ def lease_held(token: str, ids: Iterable[int]) -> Q:
     message: the reaper or a new claim may act on it at any moment.
     """
     return Q(pk__in=list(ids), lease_token=token, available_at__gt=DbNow())
+
+
+def held_token(message: Message) -> str:
+    """The lease token of a claimed message; NotClaimed when it has none."""
+    if message.pk is None or not message.lease_token:
+        raise NotClaimed(f"message {message.pk} is not claimed (it has no lease token); claim it first")
+    return message.lease_token
 
 
 def exhausted(max_attempts: int) -> Q:
@@ -107,6 +121,10 @@ def build_message(queue: str, payload: Any, options: dict[str, Any]) -> tuple[Me
 
 class MessageQuerySet(models.QuerySet["Message"]):
     """Querysets whose methods name the states of the lifecycle."""
+
+    def chosen_db(self) -> str | None:
+        """The alias given to ``using()``, if any: without one, the queue's routing picks the database."""
+        return self._db  # type: ignore[attr-defined,no-any-return]  # QuerySet._db is not in django-stubs
 
     def for_queue(self, queue: str | Iterable[str]) -> MessageQuerySet:
         return self.filter(queue=queue) if isinstance(queue, str) else self.filter(queue__in=list(queue))
@@ -160,10 +178,16 @@ class MessageQuerySet(models.QuerySet["Message"]):
 
     def counts_by_queue(self) -> dict[str, dict[str, int]]:
         """``{queue: {"ready": n, "scheduled": n, "in_flight": n}}`` in one query."""
+        match = state_filters()
         rows = self.values("queue").annotate(
-            **{str(state): Count("id", filter=match) for state, match in state_filters().items()}
+            ready=Count("id", filter=match[MessageState.READY]),
+            scheduled=Count("id", filter=match[MessageState.SCHEDULED]),
+            in_flight=Count("id", filter=match[MessageState.IN_FLIGHT]),
         )
-        return {row["queue"]: {str(state): row[str(state)] for state in MessageState} for row in rows.order_by("queue")}
+        return {
+            row["queue"]: {"ready": row["ready"], "scheduled": row["scheduled"], "in_flight": row["in_flight"]}
+            for row in rows.order_by("queue")
+        }
 
     def oldest_ready_age(self, queue: str | Iterable[str] | None = None) -> timedelta | None:
         """How long the oldest ready message has been waiting (None when none is)."""
@@ -173,9 +197,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
 
     def leased(self, message: Message) -> MessageQuerySet:
         """The queryset that matches ``message`` only while its holder's lease holds (:func:`lease_held`)."""
-        if message.pk is None or not message.lease_token:
-            raise NotClaimed(f"message {message.pk} is not claimed (it has no lease token); claim it first")
-        return self.filter(lease_held(message.lease_token, [message.pk]))
+        return self.filter(lease_held(held_token(message), [message.pk]))
 
     def give_back(self, *, count_attempt: bool) -> int:
         """Make these leased messages ready again, keeping their place in the queue.
@@ -214,7 +236,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
     def enqueue(self, queue: str, payload: Any, **options: Any) -> Message:
         """Validate, insert and announce one message; see :func:`django_dbqueue.enqueue`."""
         message, delay = build_message(queue, payload, options)
-        using = database_for(queue, options.get("using") or (self.db if self._db else None))
+        using = database_for(queue, options.get("using") or (self.db if self.chosen_db() else None))
         self.using(using).insert(message, delay)
         events.enqueued([message], using)
         return message
@@ -223,7 +245,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
         """Validate, insert and announce many messages in one transaction; see :func:`django_dbqueue.enqueue_many`."""
         options = dict(options)
         queue = validation.validate_queue_name(queue)
-        using = database_for(queue, options.get("using") or (self.db if self._db else None))
+        using = database_for(queue, options.get("using") or (self.db if self.chosen_db() else None))
         payloads = list(payloads)
         if options.get("key") is not None and len(payloads) > 1:
             raise InvalidOption(
@@ -327,7 +349,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 result.append(row)
             return result
 
-    def _insert_keyed(self, keyed: list[Message], batch: int) -> dict[tuple[str, str], Message]:
+    def _insert_keyed(self, keyed: list[Message], batch: int) -> dict[tuple[str, str | None], Message]:
         """Insert keyed messages whose key is not live; return the live row of every key.
 
         A live message with one of these keys may finish (and its delete
@@ -335,12 +357,13 @@ class MessageQuerySet(models.QuerySet["Message"]):
         which then no longer finds it: such keys are inserted again, a
         bounded number of times.
         """
-        live: dict[tuple[str, str], Message] = {}
+        live: dict[tuple[str, str | None], Message] = {}
         missing = keyed
         for _ in range(10):
             self.bulk_create(missing, batch_size=batch, ignore_conflicts=True)
             by_queue: dict[str, set[str]] = defaultdict(set)
             for message in missing:
+                assert message.key is not None  # keyed messages only
                 by_queue[message.queue].add(message.key)
             for queue, key_set in sorted(by_queue.items()):
                 keys = sorted(key_set)
@@ -353,7 +376,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
             for message in missing:
                 message.pk = None
         raise IntegrityError(
-            f"could not insert or find keys {sorted(m.key for m in missing)[:5]} of enqueue_many "
+            f"could not insert or find keys {sorted(str(m.key) for m in missing)[:5]} of enqueue_many "
             "after 10 tries: live messages with these keys keep finishing and coming back"
         )
 
@@ -381,7 +404,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
             if visibility_timeout is None
             else validation.seconds(visibility_timeout, "visibility_timeout", allow_zero=False)
         )
-        using = database_for(names, self.db if self._db else None)
+        using = database_for(names, self.db if self.chosen_db() else None)
         worker = worker or default_worker_name()
         manager = self.using(using)
         claimed = with_retries(using, lambda: manager._claim(names, limit, timeout, worker), what="claim")
@@ -404,7 +427,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 )
             if not claimed:
                 return []
-            now = claimed[0].db_now
+            now: datetime = claimed[0].db_now  # type: ignore[attr-defined]  # annotated by the SELECT above
             token = uuid.uuid4().hex
             by_timeout: dict[float, list[int]] = defaultdict(list)
             for message in claimed:
@@ -428,10 +451,9 @@ class MessageQuerySet(models.QuerySet["Message"]):
 
     def update_leased(self, message: Message, what: str, **changes: Any) -> bool:
         """Change a message only while its lease holds; False if the lease was lost."""
-        leased = self.using(message._state.db).leased(message)
-        return with_retries(
-            message._state.db, lambda: leased.update(**changes) == 1, what=f"{what} message {message.pk}"
-        )
+        using = message._state.db or "default"
+        leased = self.using(using).leased(message)
+        return with_retries(using, lambda: leased.update(**changes) == 1, what=f"{what} message {message.pk}")
 
     def extend_leases(self, token: str, ids: list[int], seconds: float) -> int:
         """Push the leases of ``ids`` under ``token`` to ``seconds`` from now; a lease already lost stays lost."""
@@ -491,7 +513,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
         messages = list(messages)
         by_db: dict[str, list[Message]] = defaultdict(list)
         for message in messages:
-            by_db[message._state.db].append(message)
+            by_db[message._state.db or "default"].append(message)
         owned: set[int] = set()
         for using, group in by_db.items():
             acked = self.using(using).ack_batch(group, worker or "", results or {})
@@ -509,11 +531,9 @@ class MessageQuerySet(models.QuerySet["Message"]):
     def ack_batch(self, messages: list[Message], worker: str, results: Mapping[int, Any]) -> set[int]:
         """Acknowledge messages of one database in one transaction; returns the ids whose lease held."""
         using = self.db
-        for message in messages:
-            self.leased(message)  # refuses a message never claimed
         tokens: dict[str, list[int]] = defaultdict(list)
         for message in messages:
-            tokens[message.lease_token].append(message.pk)
+            tokens[held_token(message)].append(message.pk)  # refuses a message never claimed
         match = Q()
         for token, ids in tokens.items():
             match |= lease_held(token, ids)
@@ -562,7 +582,11 @@ class MessageQuerySet(models.QuerySet["Message"]):
         return with_retries(using, run, what="expiry")
 
 
-class MessageManager(models.Manager.from_queryset(MessageQuerySet)):  # type: ignore[misc]
+# A named base, so that django-stubs types the manager's queryset methods.
+BaseMessageManager = models.Manager.from_queryset(MessageQuerySet)
+
+
+class MessageManager(BaseMessageManager["Message"]):
     """``Message.objects``: every statement on the live table, also after ``.using(alias)``."""
 
 
@@ -591,6 +615,10 @@ class Message(ConsumerActions, models.Model):
     replay_of = models.BigIntegerField(null=True, blank=True, help_text="The archived (dead) message this one replays.")
 
     objects = MessageManager()
+
+    # Not columns. Set by enqueue (was_created), and by the querysets that
+    # annotate them (with_state(), the claim); absent otherwise.
+    _dbqueue_created: bool
 
     class Meta:
         app_label = "django_dbqueue"
@@ -633,7 +661,7 @@ class Message(ConsumerActions, models.Model):
         """
         return self.attempts < self.max_attempts_allowed()
 
-    def defer(self, until: datetime | None = None, *, delay: float | timedelta | None = None) -> bool:  # type: ignore[override]
+    def defer(self, until: datetime | None = None, *, delay: float | timedelta | None = None) -> bool:
         """Deprecated alias of :meth:`snooze` (``defer`` is also the name of Django's ``QuerySet.defer``)."""
         warnings.warn("Message.defer() is deprecated; use Message.snooze()", DeprecationWarning, stacklevel=2)
         return self.snooze(until, delay=delay)

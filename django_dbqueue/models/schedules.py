@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, models
@@ -96,14 +97,12 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
         rows = self.filter(name=name, covered_until__lt=until)
         with_retries(self.db, lambda: rows.update(covered_until=until), what=f"advance schedule {name}")
 
-    def with_last_run(self) -> ScheduleQuerySet:
-        """Annotate ``last_run_id``: the schedule's newest run by slot (one index lookup per row)."""
-        newest = ScheduleRun.objects.filter(schedule=OuterRef("pk")).order_by("-slot").values("pk")[:1]
-        return self.annotate(last_run_id=Subquery(newest))
-
     def last_runs(self) -> dict[str, ScheduleRun]:
-        """Each schedule's newest run, by schedule name."""
-        ids = [pk for pk in self.with_last_run().values_list("last_run_id", flat=True) if pk is not None]
+        """Each schedule's newest run, by schedule name (by slot: one index lookup per schedule)."""
+        # In one chain with its annotate(), so that django-stubs knows the annotated name.
+        newest = ScheduleRun.objects.filter(schedule=OuterRef("pk")).order_by("-slot").values("pk")[:1]
+        found = self.annotate(last_run_id=Subquery(newest)).values_list("last_run_id", flat=True)
+        ids = [pk for pk in found if pk is not None]
         return {run.schedule_id: run for run in ScheduleRun.objects.using(self.db).filter(pk__in=ids)}
 
 
@@ -213,9 +212,8 @@ class ScheduleRunQuerySet(models.QuerySet["ScheduleRun"]):
                 ids = list(old.order_by("slot").values_list("pk", flat=True)[:batch_size])
                 if not ids:
                     break
-                total += with_retries(
-                    self.db, lambda ids=ids: self.filter(pk__in=ids)._raw_delete(self.db), what="schedule run pruning"
-                )
+                delete = partial(self.filter(pk__in=ids)._raw_delete, self.db)
+                total += with_retries(self.db, delete, what="schedule run pruning")
         return total
 
 

@@ -91,7 +91,8 @@ def archive_copies(
     params = [*error_params, *now_params, outcome, *([worker] if worker else []), *result_params, *ids]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount
+        written: int = cursor.rowcount
+        return written
 
 
 # Columns a producer's INSERT fills; the rest take their database defaults.

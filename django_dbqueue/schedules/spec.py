@@ -153,10 +153,14 @@ def build_spec(
             if values.get(other) is not None:
                 bad(other, "is the task's own: a task schedule sends the task (give args and kwargs instead)")
         args, kwargs = values.get("args") or [], values.get("kwargs") or {}
-        if not isinstance(args, list | tuple) or (why := json_problem(list(args), "args")) is not None:
-            bad("args", why if isinstance(args, list | tuple) else f"must be a list, not {type(args).__name__}")
-        if not isinstance(kwargs, dict) or (why := json_problem(kwargs, "kwargs")) is not None:
-            bad("kwargs", why if isinstance(kwargs, dict) else f"must be a dict, not {type(kwargs).__name__}")
+        if not isinstance(args, list | tuple):
+            bad("args", f"must be a list, not {type(args).__name__}")
+        elif (why := json_problem(list(args), "args")) is not None:
+            bad("args", why)
+        if not isinstance(kwargs, dict):
+            bad("kwargs", f"must be a dict, not {type(kwargs).__name__}")
+        elif (why := json_problem(kwargs, "kwargs")) is not None:
+            bad("kwargs", why)
     else:
         for other in ("args", "kwargs"):
             if values.get(other) is not None:
@@ -193,6 +197,7 @@ def build_spec(
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= CATCH_UP_LIMIT_MAX:
         bad("catch_up_limit", f"must be an integer from 1 to {CATCH_UP_LIMIT_MAX}, not {limit!r}")
     grace = values.get("grace")
+    grace_seconds: float | None
     if grace is None:
         grace_seconds = min(GRACE_CAP, timing.seconds) if isinstance(timing, Interval) else GRACE_CAP
     else:
