@@ -71,7 +71,8 @@ class Overview:
                 return [plain(item) for item in value]
             return value
 
-        return plain(asdict(self))
+        result: dict[str, Any] = plain(asdict(self))
+        return result
 
 
 def build_overview(using: str | None = None) -> Overview:

@@ -10,14 +10,22 @@ page's rows are read by index, so a page costs the same on any table size.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.core.paginator import Paginator
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.utils.functional import cached_property
 
 from .db.stats import estimated_row_count
 
+if TYPE_CHECKING:
+    # Generic in its items for type checkers (django-stubs); Django's is not subscriptable.
+    RowPaginator = Paginator[Model]
+else:
+    RowPaginator = Paginator
 
-class EstimatingPaginator(Paginator):
+
+class EstimatingPaginator(RowPaginator):
     """``count`` is exact for small or filtered lists, the planner's estimate for large whole tables.
 
     ``approximate`` tells the template to say "about" (an estimate) or

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.utils.module_loading import import_string
 
@@ -31,12 +31,16 @@ from ..conf import get_settings, queue_options, raw_setting, schedule_specs, sch
 from ..exceptions import ImproperlyConfiguredQueue
 from .spec import ScheduleSpec, build_spec
 
+if TYPE_CHECKING:
+    from ..models import Message
+
 T = TypeVar("T")
 
 # What django_dbqueue.tasks gives the scheduler for a task schedule: the
 # message's queue, payload and enqueue options, and a callable run with the
 # inserted message once its transaction commits (the task_enqueued signal).
-TaskMessage = tuple[str, Any, dict[str, Any], Callable[[Any], None] | None]
+# queue, payload, options, and what to call with the message once it commits.
+TaskMessage = tuple[str, Any, dict[str, Any], "Callable[[Message], object] | None"]
 TaskMessageBuilder = Callable[[ScheduleSpec], TaskMessage]
 
 
@@ -188,7 +192,8 @@ def _is_task(target: Any) -> bool:
 
 def _path(target: Any) -> str:
     if _is_task(target):
-        return target.module_path
+        path: str = target.module_path
+        return path
     return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__name__)}"
 
 

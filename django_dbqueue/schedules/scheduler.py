@@ -76,7 +76,9 @@ class PassReport:
         return "\n".join(lines)
 
 
-def scheduled_message(spec: ScheduleSpec, slot: datetime, trigger: str) -> tuple[Message, Callable | None]:
+def scheduled_message(
+    spec: ScheduleSpec, slot: datetime, trigger: str
+) -> tuple[Message, Callable[[Message], object] | None]:
     """The message a slot sends (unsaved), with the slot in its headers; and what to call once it commits."""
     headers = {**spec.headers, SCHEDULE_HEADER: spec.name, SLOT_HEADER: slot.isoformat(), TRIGGER_HEADER: trigger}
     if spec.task:

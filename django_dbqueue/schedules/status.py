@@ -80,7 +80,9 @@ def message_outcomes(using: str, ids: list[int]) -> dict[int, str]:
     """Where each message is now: its live state, else its newest archive outcome (two queries)."""
     if not ids:
         return {}
-    found = dict(Message.objects.using(using).filter(pk__in=ids).with_state().values_list("pk", "current_state"))
+    live = Message.objects.using(using).filter(pk__in=ids).with_state()
+    # with_state() annotates current_state; django-stubs sees annotations made in the chain only.
+    found = dict(live.values_list("pk", "current_state"))  # type: ignore[misc]
     archived = ArchivedMessage.objects.using(using).filter(message_id__in=[pk for pk in ids if pk not in found])
     for message_id, outcome in archived.order_by("id").values_list("message_id", "outcome"):
         found[message_id] = outcome  # the newest row wins

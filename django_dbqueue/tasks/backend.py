@@ -11,7 +11,7 @@ handler (:mod:`.execution`) for its queues, and reads results through
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from django.core.checks import CheckMessage
 from django.core.checks import Warning as CheckWarning
@@ -41,6 +41,9 @@ from .compat import (
 from .execution import TaskHandler
 from .results import TASK_KIND, find_result, task_result
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 
 class DatabaseQueueBackend(BaseTaskBackend):
     """Tasks stored as django-dbqueue messages and run by ``runqueueworker``."""
@@ -64,7 +67,7 @@ class DatabaseQueueBackend(BaseTaskBackend):
         """The database alias all of this backend's queues live on (DBQUEUE's per-queue DATABASE)."""
         return database_for(self.queue_names)
 
-    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+    def enqueue(self, task: Task[P, R], args: list[Any], kwargs: dict[str, Any]) -> TaskResult[P, R]:
         """Write the task as a message, in the caller's transaction; returns its READY result.
 
         ``task_enqueued`` is sent once that transaction commits (at once in
@@ -74,7 +77,9 @@ class DatabaseQueueBackend(BaseTaskBackend):
         message = enqueue(queue, payload, **options)
         return self.announce(task, message)
 
-    def task_message(self, task: Task, args: Any, kwargs: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    def task_message(
+        self, task: Task[..., Any], args: list[Any], kwargs: dict[str, Any]
+    ) -> tuple[str, dict[str, Any], dict[str, Any]]:
         """The message that stands for ``task`` called with ``args`` and ``kwargs``: queue, payload, options."""
         self.validate_task(task)
         payload = {
@@ -97,13 +102,13 @@ class DatabaseQueueBackend(BaseTaskBackend):
         }
         return task.queue_name, payload, options
 
-    def announce(self, task: Task, message: Message) -> TaskResult:
+    def announce(self, task: Task[P, R], message: Message) -> TaskResult[P, R]:
         """The task's READY result; ``task_enqueued`` goes out once the message's transaction commits."""
         result = task_result(message, TaskResultStatus.READY, alias=self.alias, task=task)
         transaction.on_commit(partial(task_enqueued.send, type(self), task_result=result), using=self.database)
         return result
 
-    def get_result(self, result_id: str) -> TaskResult:
+    def get_result(self, result_id: str) -> TaskResult[..., Any]:
         """The task's state now: from the live table if it is there, else from the archive."""
         return find_result(result_id, alias=self.alias, using=self.database, queues=self.queue_names)
 
@@ -155,6 +160,7 @@ def register_task_queues() -> None:
 
 def scheduled_task_message(spec: ScheduleSpec) -> TaskMessage:
     """What a schedule's slot sends for a task (``@schedule`` on a ``@task``): see docs/schedules.md."""
+    assert spec.task is not None  # a task schedule
     task = import_string(spec.task)
     if not isinstance(task, Task):
         raise InvalidOption(f"schedule {spec.name!r}: {spec.task!r} is a {type(task).__name__}, not a task")
@@ -166,7 +172,7 @@ def scheduled_task_message(spec: ScheduleSpec) -> TaskMessage:
         )
     queue, payload, options = backend.task_message(task, spec.args, spec.kwargs)
     options.pop("using")  # the scheduler writes on the queue's database, the backend's own
-    return queue, payload, options, partial(backend.announce, task)
+    return queue, payload, options, lambda message: backend.announce(task, message)
 
 
 register_task_builder(scheduled_task_message)

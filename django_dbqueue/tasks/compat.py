@@ -12,7 +12,7 @@ ImportError that says what to install.
 from __future__ import annotations
 
 from importlib.util import find_spec
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 NOT_INSTALLED = (
     "django_dbqueue.tasks needs Django's Tasks framework: Django 6.0 or later, "
@@ -31,7 +31,8 @@ def installed() -> str | None:
 
 FRAMEWORK = installed()
 
-if FRAMEWORK == "django.tasks":
+# Type checkers read Django's own module (django-stubs types it); the backport's names match.
+if TYPE_CHECKING or FRAMEWORK == "django.tasks":
     from django.tasks import (
         DEFAULT_TASK_BACKEND_ALIAS,
         DEFAULT_TASK_QUEUE_NAME,

@@ -24,6 +24,7 @@ from .compat import (
     BaseTaskBackend,
     TaskContext,
     TaskError,
+    TaskResult,
     TaskResultStatus,
     normalize_json,
     task_backends,
@@ -31,6 +32,9 @@ from .compat import (
     task_started,
 )
 from .results import class_path, task_of, task_result
+
+# Where a run leaves its TaskResult on the message, for after_record.
+RESULT = "_dbqueue_task_result"
 
 
 def run_task(message: Message, backend: BaseTaskBackend) -> Any:
@@ -58,14 +62,14 @@ def run_task(message: Message, backend: BaseTaskBackend) -> Any:
         object.__setattr__(result, "status", TaskResultStatus.READY if retry else TaskResultStatus.FAILED)
         if not retry:
             object.__setattr__(result, "finished_at", timezone.now())
-        message._dbqueue_task_result = result
+        vars(message)[RESULT] = result
         if retry:
             raise handlers.Retry(delay=backoff_delay(message), reason=error.traceback) from None
         raise handlers.Reject(error.traceback) from None
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "finished_at", timezone.now())
     object.__setattr__(result, "_return_value", value)
-    message._dbqueue_task_result = result
+    vars(message)[RESULT] = result
     return value
 
 
@@ -87,7 +91,7 @@ class TaskHandler:
         return run_task(message, backend)
 
     def after_record(self, message: Message, outcome: str) -> None:
-        result = getattr(message, "_dbqueue_task_result", None)
+        result: TaskResult[..., Any] | None = vars(message).get(RESULT)
         if result is None or outcome == Recorded.LEASE_LOST:
             return  # never started, or another worker or the reaper has it now
         task_finished.send(type(result.task.get_backend()), task_result=result)

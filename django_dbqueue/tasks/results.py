@@ -10,7 +10,7 @@ RUNNING, an archive row SUCCESSFUL or FAILED.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
@@ -27,12 +27,20 @@ from .compat import (
     TaskResultStatus,
 )
 
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+    from ..models.messages import StateAnnotations
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
 TASK_KIND = "django.task"
 NOT_COMPLETED = f"{TaskNotCompleted.__module__}.{TaskNotCompleted.__qualname__}"
 _EXCEPTION_NAME = re.compile(r"[A-Za-z_][\w.]*")
 
 
-def task_of(message: Message | ArchivedMessage, alias: str) -> Task:
+def task_of(message: Message | ArchivedMessage, alias: str) -> Task[..., Any]:
     """The Task a message holds, as it was enqueued through backend ``alias``."""
     payload = message.payload
     path = payload.get("task")
@@ -54,16 +62,28 @@ def task_of(message: Message | ArchivedMessage, alias: str) -> Task:
     )
 
 
+@overload
 def task_result(
-    message: Message | ArchivedMessage, status: str, *, alias: str, task: Task | None = None, **fields: Any
-) -> TaskResult:
+    message: Message | ArchivedMessage, status: str, *, alias: str, task: Task[P, R], **fields: Any
+) -> TaskResult[P, R]: ...
+@overload
+def task_result(
+    message: Message | ArchivedMessage, status: str, *, alias: str, task: None = None, **fields: Any
+) -> TaskResult[..., Any]: ...
+def task_result(
+    message: Message | ArchivedMessage,
+    status: str,
+    *,
+    alias: str,
+    task: Task[..., Any] | None = None,
+    **fields: Any,
+) -> TaskResult[..., Any]:
     """The TaskResult of a live message or archive row in ``status`` (``fields`` override what it says)."""
     payload = message.payload
-    live = isinstance(message, Message)
     started = message.claimed_at if message.attempts else None
     values = {
         "task": task if task is not None else task_of(message, alias),
-        "id": str(message.pk if live else message.message_id),
+        "id": str(message.pk if isinstance(message, Message) else message.message_id),
         "status": status,
         "enqueued_at": message.created_at,
         # Only the last claim's time is kept: started_at is the latest attempt's start.
@@ -74,19 +94,19 @@ def task_result(
         "kwargs": payload.get("kwargs", {}),
         "backend": alias,
         "errors": [task_error(message.last_error)] if message.last_error else [],
-        "worker_ids": worker_ids(message.claimed_by if live else "", message.attempts),
+        "worker_ids": worker_ids(message.claimed_by if isinstance(message, Message) else "", message.attempts),
     }
     values.update(fields)
     return TaskResult(**values)
 
 
-def live_result(message: Message, alias: str) -> TaskResult:
+def live_result(message: WithAnnotations[Message, StateAnnotations], alias: str) -> TaskResult[..., Any]:
     """READY, or RUNNING while a worker holds it (``message`` read through ``with_state()``)."""
     running = message.current_state == MessageState.IN_FLIGHT
     return task_result(message, TaskResultStatus.RUNNING if running else TaskResultStatus.READY, alias=alias)
 
 
-def archived_result(row: ArchivedMessage, alias: str) -> TaskResult:
+def archived_result(row: ArchivedMessage, alias: str) -> TaskResult[..., Any]:
     """SUCCESSFUL with its return value, or FAILED with why."""
     if row.outcome == Outcome.ACKED:
         result = task_result(
@@ -113,15 +133,15 @@ def archived_result(row: ArchivedMessage, alias: str) -> TaskResult:
     )
 
 
-def find_result(result_id: Any, *, alias: str, using: str, queues: list[str]) -> TaskResult:
+def find_result(result_id: Any, *, alias: str, using: str, queues: list[str]) -> TaskResult[..., Any]:
     """The task's state now: from the live table if it is there, else from the archive."""
     pk = message_id(result_id)
     if pk is not None:
         # Live first: a task finishing meanwhile is archived in the same
         # transaction that deletes it, so a miss there finds it in the archive.
         found = Message.objects.using(using).with_state().locate(pk, kind=TASK_KIND, queue__in=queues)
-        if isinstance(found, Message):
-            return live_result(found, alias)
+        if isinstance(found, Message):  # read through with_state()
+            return live_result(cast("WithAnnotations[Message, StateAnnotations]", found), alias)
         if found is not None:
             return archived_result(found, alias)
     raise TaskResultDoesNotExist(

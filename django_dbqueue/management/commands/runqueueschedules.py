@@ -36,7 +36,7 @@ class Command(BaseCommand):
         except DbQueueError as exc:
             raise CommandError(str(exc)) from exc
         stop = threading.Event()
-        signalled = []
+        signalled: list[int] = []
 
         def on_signal(signum: int, frame: Any) -> None:
             if signalled:  # a second signal: at once (a pass holds no lease; its transaction just rolls back)
