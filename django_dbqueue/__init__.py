@@ -2,9 +2,48 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+
+if TYPE_CHECKING:
+    # What type checkers see: each public name, re-exported ("X as X"). At run
+    # time __getattr__ below imports it on first use; tests/test_types.py keeps both in step.
+    from .control import cancel as cancel, replay as replay
+    from .exceptions import (
+        AlreadyReplayed as AlreadyReplayed,
+        CommandFailed as CommandFailed,
+        DbQueueError as DbQueueError,
+        DuplicateKey as DuplicateKey,
+        ImproperlyConfiguredQueue as ImproperlyConfiguredQueue,
+        InvalidOption as InvalidOption,
+        InvalidQueueName as InvalidQueueName,
+        LeaseLost as LeaseLost,
+        NotClaimed as NotClaimed,
+        PayloadNotSerializable as PayloadNotSerializable,
+        RequestFailed as RequestFailed,
+        RequestTimeout as RequestTimeout,
+        TaskNotCompleted as TaskNotCompleted,
+        UnknownOption as UnknownOption,
+    )
+    from .handlers import Defer as Defer, Reject as Reject, Retry as Retry, handler as handler
+    from .operations import ack_many as ack_many, claim as claim, enqueue as enqueue, enqueue_many as enqueue_many
+    from .outbox import (
+        enqueue_on_delete as enqueue_on_delete,
+        enqueue_on_save as enqueue_on_save,
+        enqueue_saved as enqueue_saved,
+        publish_on_delete as publish_on_delete,
+        publish_on_save as publish_on_save,
+    )
+    from .request_reply import reply as reply, request as request
+    from .schedules.registry import schedule as schedule
+    from .topics import (
+        publish as publish,
+        subscribe as subscribe,
+        subscribers as subscribers,
+        unsubscribe as unsubscribe,
+    )
+
 
 # The public API, imported lazily so that ``import django_dbqueue`` works
 # before Django's app registry is ready (settings, INSTALLED_APPS).

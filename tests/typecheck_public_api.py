@@ -1,0 +1,36 @@
+"""What users' type checkers see of the public API: checked by mypy (``tox -e types``), never run.
+
+Each ``assert_type`` fails the mypy run if a public signature loses its
+types (a missing annotation turns a result into ``Any``).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, assert_type
+
+import django_dbqueue
+from django_dbqueue import ack_many, claim, enqueue, enqueue_many, publish, request
+from django_dbqueue.models import ArchivedMessage, Message
+
+
+def producing() -> None:
+    assert_type(enqueue("emails", {"to": "a@example.com"}, delay=timedelta(seconds=5)), Message)
+    assert_type(enqueue_many("emails", [{"n": 1}, {"n": 2}]), list[Message])
+    assert_type(publish("orders.created", {"id": 7}), list[Message])
+    assert_type(Message.objects.using("default").enqueue("emails", {}), Message)
+
+
+def consuming() -> None:
+    messages = claim(["emails", "sms"], 10, visibility_timeout=30)
+    assert_type(messages, list[Message])
+    assert_type(messages[0].ack(result={"sent": True}), bool)
+    assert_type(messages[0].fail(ValueError("bounced")), bool)
+    assert_type(ack_many(messages), list[bool])
+    assert_type(Message.objects.claim("emails"), list[Message])
+
+
+def operating() -> None:
+    row = ArchivedMessage.objects.dead().get(pk=1)
+    assert_type(django_dbqueue.replay(row), Message)
+    assert_type(request("pricing", {"sku": "A1"}, timeout=5), Any)  # the reply: any JSON
