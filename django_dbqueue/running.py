@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any
 
 from .conf import get_settings, queue_options
+from .exceptions import NotClaimed
 from .handlers import Defer, Handler, Reject, Retry, find_handler
 from .models import Message
 
@@ -61,7 +62,11 @@ class Verdict:
     recorded: Callable[[str], None] | None = None  # the handler's after_record, bound to the message
 
     def record(self) -> str:
-        outcome = self.outcome if self.apply() else HandlerOutcome.LEASE_LOST
+        try:
+            done = self.apply()
+        except NotClaimed:  # the handler released or failed its own message: the lease is gone
+            done = False
+        outcome = self.outcome if done else HandlerOutcome.LEASE_LOST
         self.written(outcome)
         return outcome
 

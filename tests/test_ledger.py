@@ -173,3 +173,23 @@ def test_threads_moving_messages_while_others_take_them_back_lose_nothing_and_co
     assert sorted(finished + back) == list(range(4 * per_slot))  # each message once: ended or taken back
     assert ledger.counts() == (sum(pk % 2 == 0 for pk in finished), sum(pk % 2 == 1 for pk in finished))
     assert ledger.is_empty() and ledger.leases() == []
+
+
+def test_a_claim_under_way_counts_as_held_and_a_closed_ledger_refuses_claims():
+    """--until-empty decides with the ledger closed: no claim under way, none may start (docs/workers.md)."""
+    ledger = Ledger()
+    with ledger.claiming("a") as allowed:
+        assert allowed and not ledger.is_empty()  # committed rows not handed over yet are held
+        assert not ledger.close_if_empty()
+        ledger.claimed("a", messages(1))
+    assert not ledger.is_empty() and not ledger.close_if_empty()
+    ledger.start("a")
+    ledger.finish("a", ok=True)
+    assert ledger.is_empty() and ledger.close_if_empty()
+    assert not ledger.close_if_empty()  # closed already: one thread decides
+    with ledger.claiming("b") as allowed:
+        assert not allowed and ledger.is_empty()
+    ledger.reopen()
+    with ledger.claiming("b") as allowed:
+        assert allowed
+    assert ledger.is_empty()  # the claim found nothing

@@ -22,6 +22,7 @@ logger = logging.getLogger("django_dbqueue")
 T = TypeVar("T")
 
 MYSQL_TRANSIENT_CODES = {
+    1053,  # server shutdown in progress (restarting)
     1205,  # lock wait timeout exceeded
     1213,  # deadlock found when trying to get lock
     2006,  # server has gone away
@@ -41,7 +42,16 @@ DATABASE_TROUBLE = (DatabaseError, InterfaceError)
 
 
 def is_transient(exc: BaseException, using: str) -> bool:
-    """Whether an error is weather (deadlock, lost connection) worth retrying."""
+    """Whether an error is weather that can pass (deadlock, lock wait, lost connection, server restarting).
+
+    Anything else (a data or integrity error, a packet too large, an
+    OverflowError, a bug) is permanent: trying the same write again gives
+    the same error.
+    """
+    if isinstance(exc, InterfaceError):
+        return True  # the driver's connection is closed already: a new one may work
+    if not isinstance(exc, DatabaseError):
+        return False
     kind = connections[using].vendor
     cause = exc.__cause__ or exc
     if kind == "mysql":

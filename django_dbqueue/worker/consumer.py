@@ -24,10 +24,12 @@ from ..running import HandlerOutcome, Verdict, decide
 from .config import WorkerConfig
 from .ledger import Ledger
 from .lifecycle import Lifecycle
-from .writing import GaveUp, Writer
+from .writing import GaveUp, Writer, first_line
 
 logger = logging.getLogger("django_dbqueue")
 
+# What record() returns when nothing at all could be written (the lease will expire).
+NOT_RECORDED = "not recorded"
 PAUSED_REFRESH = 1.0  # seconds between reads of the paused queues (one query, not one per claim)
 
 
@@ -86,18 +88,17 @@ class Consumer:
             while not stopping.is_set():
                 try:
                     claimed = self.claim()
+                    if not claimed and self.nothing_left():
+                        break
                 except DATABASE_TROUBLE as exc:
                     self.writer.pause("claim", exc)
                     continue
                 if not claimed:
-                    if self.nothing_left():
-                        break
                     idle_for = min(max(idle_for * 2, self.poll_interval), self.max_poll_interval)
                     self.lifecycle.wake.wait(idle_for)
                     self.lifecycle.wake.clear()
                     continue
                 idle_for = 0.0
-                self.ledger.claimed(self.slot, claimed)
                 while not stopping.is_set():
                     message = self.ledger.start(self.slot)
                     if message is None:
@@ -118,7 +119,13 @@ class Consumer:
                 connections.close_all()
 
     def claim(self) -> list[Message]:
-        """Claim what this thread may take now: a batch of the unpaused queues, within --max-messages."""
+        """Claim what this thread may take now: a batch of the unpaused queues, within --max-messages.
+
+        The claim is in the ledger from before it starts until its messages
+        are handed over (:meth:`Ledger.claiming`): its rows are leased when
+        its transaction commits, and until the handover no other thread may
+        take the worker for idle.
+        """
         self._check_connection()
         paused = self.paused.names()
         queues = [q for q in self.queues if q not in paused]
@@ -127,29 +134,48 @@ class Consumer:
         limit = self.ledger.room(self.config.batch_size, self.config.max_messages)
         if limit <= 0:
             return []
-        return Message.objects.claim(queues, limit, visibility_timeout=self.config.visibility_timeout, worker=self.name)
+        with self.ledger.claiming(self.slot) as allowed:
+            if not allowed:  # another thread is deciding that the queues are empty
+                return []
+            claimed = Message.objects.claim(
+                queues, limit, visibility_timeout=self.config.visibility_timeout, worker=self.name
+            )
+            self.ledger.claimed(self.slot, claimed)
+        return claimed
 
     def nothing_left(self) -> bool:
-        """Whether the worker should stop for lack of work (--until-empty, --max-messages); stops it if so."""
+        """Whether the worker should stop for lack of work (--until-empty, --max-messages); stops it if so.
+
+        "Empty" is decided with the ledger closed (:meth:`Ledger.close_if_empty`):
+        no thread of this worker holds a message or is claiming one, and none
+        may start a claim, while the table is read. So a claim that committed
+        but was not handed over yet cannot be taken for an empty queue, and
+        every outcome this worker wrote (a retry ready at once) is in the table.
+        """
         max_messages = self.config.max_messages
         if max_messages and self.ledger.counts().total >= max_messages:
             self.lifecycle.stop("max messages reached")
             return True
-        if not self.config.until_empty or not self.ledger.is_empty():
+        if not self.config.until_empty or not self.ledger.close_if_empty():
             return False
-        if Message.objects.using(self.using).any_claimable(self.queues):
-            return False
-        self.lifecycle.stop("queues are empty")
-        return True
+        empty = False
+        try:
+            empty = not Message.objects.using(self.using).any_claimable(self.queues)
+        finally:
+            if not empty:
+                self.ledger.reopen()
+        if empty:
+            self.lifecycle.stop("queues are empty")
+        return empty
 
     def process(self, message: Message) -> None:
         """Run the (running) message's handler and write its outcome, or leave its ack to the batch."""
         started = time.monotonic()
         verdict = decide(message, worker=self.name, handler=self.config.handler)
-        if self.batched_acks and verdict.outcome == HandlerOutcome.ACKED:
+        if self.batched_acks and verdict.outcome == HandlerOutcome.ACKED and message.lease_token:
             self.ledger.await_ack(self.slot, verdict)
             outcome = "acked (written with its batch)"
-        else:
+        else:  # a handler that released or failed its own message left no lease token: "lease lost" at once
             outcome = self.record(message, verdict)
             self.ledger.finish(self.slot, ok=outcome in (HandlerOutcome.ACKED, HandlerOutcome.DEFERRED))
         logger.debug(
@@ -163,18 +189,73 @@ class Consumer:
         )
 
     def record(self, message: Message, verdict: Verdict) -> str:
-        """Write the handler's outcome, waiting out a database outage; returns the outcome written."""
-        while True:
+        """Write the handler's outcome; when it cannot be stored, what can. Returns the outcome written.
+
+        Weather is waited out (:meth:`Writer.until_written`). A permanent
+        error is never retried: the message is recorded otherwise
+        (:meth:`record_instead`) and the worker goes on with the next one.
+        A lost lease (it ran out, or the handler released, failed or acked
+        its own message) is logged once.
+        """
+        try:
+            outcome = self.writer.until_written(verdict.record, f"recording message {message.pk} as {verdict.outcome}")
+        except GaveUp:
+            raise
+        except DbQueueError as exc:
+            # The handler asked for something invalid (a naive Defer date, a
+            # Retry delay past ten years): that is the handler's failure.
+            logger.warning("message %s: handler's %s is invalid: %s", message.pk, verdict.outcome, exc)
+            instead = Verdict(HandlerOutcome.FAILED, partial(message.fail, exc))
+            outcome = self.record_instead(message, verdict, instead, exc)
+        except Exception as exc:
+            logger.error(
+                "worker %s: message %s: its outcome (%s) cannot be stored: %s",
+                self.name,
+                message.pk,
+                verdict.outcome,
+                exc,
+                exc_info=exc,
+            )
+            outcome = self.record_instead(message, verdict, unstorable(message, verdict.outcome, exc), exc)
+        if outcome == HandlerOutcome.LEASE_LOST:
+            logger.warning(
+                "worker %s: message %s: lease lost before its outcome (%s) was written; it is not recorded",
+                self.name,
+                message.pk,
+                verdict.outcome,
+            )
+        return outcome
+
+    def record_instead(self, message: Message, verdict: Verdict, instead: Verdict, error: BaseException) -> str:
+        """Write ``instead`` of the handler's outcome; if even that cannot be stored, a bare dead letter.
+
+        If the bare dead letter fails too, nothing is written: the message
+        leaves the ledger, its lease expires, and it runs again within its attempts.
+        """
+        for attempt in (instead, unstorable(message, verdict.outcome, error, bare=True)):
+            attempt = Verdict(attempt.outcome, attempt.apply, recorded=verdict.recorded)
             try:
-                return self.writer.until_written(verdict.record, f"recording message {message.pk} as {verdict.outcome}")
-            except DbQueueError as exc:
-                # The handler asked for something invalid (a naive Defer date, a
-                # negative Retry delay): that is the handler's failure.
-                logger.warning("message %s: handler's %s is invalid: %s", message.pk, verdict.outcome, exc)
-                verdict = Verdict(HandlerOutcome.FAILED, partial(message.fail, exc))
+                return self.writer.until_written(attempt.record, f"recording message {message.pk} as {attempt.outcome}")
+            except GaveUp:
+                raise
+            except Exception as exc:
+                logger.error(
+                    "worker %s: message %s: recording it as %s failed too: %s",
+                    self.name,
+                    message.pk,
+                    attempt.outcome,
+                    exc,
+                    exc_info=exc,
+                )
+        return NOT_RECORDED
 
     def flush(self) -> None:
-        """Write the batch's waiting acks in one transaction, waiting out a database outage."""
+        """Write the batch's waiting acks in one transaction, waiting out weather.
+
+        If the batch cannot be written together (a permanent error), each
+        ack is written alone, so one message that cannot be acked does not
+        hold back the others.
+        """
         batch = self.ledger.unacked(self.slot)
         if not batch:
             return
@@ -188,12 +269,35 @@ class Consumer:
         except GaveUp as exc:  # still in the ledger: the worker row stays, and the reaper gives them back
             logger.warning("worker %s: acks of messages %s not written (%s)", self.name, [m.pk for m in messages], exc)
             return
+        except Exception as exc:
+            logger.warning(
+                "worker %s: the acks of messages %s cannot be written together (%s: %s); writing them one by one",
+                self.name,
+                [m.pk for m in messages],
+                type(exc).__name__,
+                first_line(exc),
+            )
+            self.flush_one_by_one(batch)
+            return
         self.ledger.acked(self.slot, held)
-        for (_, verdict), ok in zip(batch, held, strict=True):
+        for (message, verdict), ok in zip(batch, held, strict=True):
             verdict.written(HandlerOutcome.ACKED if ok else HandlerOutcome.LEASE_LOST)
-        lost = [message.pk for message, ok in zip(messages, held, strict=True) if not ok]
-        if lost:
-            logger.warning("worker %s: leases lost before the ack of messages %s", self.name, lost)
+            if not ok:
+                logger.warning(
+                    "worker %s: message %s: lease lost before its outcome (acked) was written; it is not recorded",
+                    self.name,
+                    message.pk,
+                )
+
+    def flush_one_by_one(self, batch: list[tuple[Message, Verdict]]) -> None:
+        written: list[bool] = []
+        try:
+            for message, verdict in batch:
+                written.append(self.record(message, verdict) == HandlerOutcome.ACKED)
+        except GaveUp as exc:  # the rest stay in the ledger, as in flush()
+            logger.warning("worker %s: acks not written (%s)", self.name, exc)
+        finally:
+            self.ledger.acked(self.slot, written)
 
     def _check_connection(self) -> None:
         """Keep one connection per thread for the worker's life; reopen it only when it broke.
@@ -207,3 +311,25 @@ class Consumer:
                 connection.errors_occurred = False
             else:
                 connection.close()
+
+
+def unstorable(message: Message, outcome: str, error: BaseException, *, bare: bool = False) -> Verdict:
+    """What to write when ``outcome`` could not be stored because of ``error`` (a permanent error).
+
+    An outcome that ends the message (an ack, a dead letter) is written as
+    a dead letter: the handler succeeded, or asked for the message to end,
+    and running it again would repeat its effects for the same failure to
+    record them. Any other outcome (a failure, a retry, a deferral) is a
+    failed attempt: retried after its backoff while attempts are left, dead
+    after. ``bare``: the last resort, a dead letter whose reason is plain ASCII.
+    """
+    note = f"its outcome ({outcome}) could not be stored: {type(error).__name__}: {first_line(error)[:500]}"
+    if bare:
+        reason = ascii(f"the worker could not record this message; {note}")[1:-1][:1000]
+        return Verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=reason))
+    if outcome == HandlerOutcome.ACKED:
+        reason = f"the handler succeeded, but {note}"
+        return Verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=reason))
+    if outcome == HandlerOutcome.REJECTED:
+        return Verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=note))
+    return Verdict(HandlerOutcome.FAILED, partial(message.fail, note))

@@ -11,9 +11,17 @@ consumer thread's own key):
 - **waiting for its ack**, written with the rest of its batch in one
   transaction (:meth:`~Ledger.unacked`, then :meth:`~Ledger.acked`).
 
+A claim itself is in the ledger from before it starts until its messages
+are handed over (:meth:`~Ledger.claiming`): its rows are leased as soon as
+its transaction commits, a moment before :meth:`~Ledger.claimed`, so in
+between the worker must not be taken for idle. ``--until-empty`` decides
+that the queues are empty with the ledger closed
+(:meth:`~Ledger.close_if_empty`): nothing held, nothing being claimed, and
+no claim may start until it is reopened.
+
 The heartbeat extends the leases of all three (:meth:`~Ledger.leases`);
-``--until-empty`` and ``--max-messages`` read how much is in hand; the
-processed and failed counters feed the worker row and the log.
+``--max-messages`` reads how much is in hand; the processed and failed
+counters feed the worker row and the log.
 
 Lock contract: every method takes the ledger's lock itself and calls
 nothing outside while holding it, so callers hold no lock of their own.
@@ -23,9 +31,10 @@ Only a slot's consumer moves that slot's messages; other threads read
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -51,10 +60,30 @@ class Ledger:
         self._claimed: dict[Hashable, deque[Message]] = {}
         self._running: dict[Hashable, Message] = {}
         self._unacked: dict[Hashable, list[tuple[Message, Any]]] = {}
+        self._claiming: set[Hashable] = set()
+        self._closed = False
         self._processed = 0
         self._failed = 0
 
     # --- a slot's consumer moves its messages --------------------------------------
+
+    @contextlib.contextmanager
+    def claiming(self, slot: Hashable) -> Iterator[bool]:
+        """Around one claim of ``slot``: yields whether it may claim (False while the ledger is closed).
+
+        Until the block ends, the worker counts as holding something
+        (:meth:`is_empty` is False): call :meth:`claimed` inside it.
+        """
+        with self._lock:
+            allowed = not self._closed
+            if allowed:
+                self._claiming.add(slot)
+        try:
+            yield allowed
+        finally:
+            if allowed:
+                with self._lock:
+                    self._claiming.discard(slot)
 
     def claimed(self, slot: Hashable, messages: Iterable[Message]) -> None:
         """``slot`` claimed ``messages``: held, not started, in the order given."""
@@ -145,8 +174,25 @@ class Ledger:
             return self._in_hand()
 
     def is_empty(self) -> bool:
-        """Whether the worker holds nothing at all."""
-        return self.in_hand() == 0
+        """Whether the worker holds nothing at all, and no claim is under way."""
+        with self._lock:
+            return not self._claiming and self._in_hand() == 0
+
+    def close_if_empty(self) -> bool:
+        """Close the ledger if it is empty (see :meth:`is_empty`): no claim may start until :meth:`reopen`.
+
+        False if it holds something, a claim is under way, or it is closed already.
+        """
+        with self._lock:
+            if self._closed or self._claiming or self._in_hand():
+                return False
+            self._closed = True
+            return True
+
+    def reopen(self) -> None:
+        """Let claims start again after :meth:`close_if_empty`."""
+        with self._lock:
+            self._closed = False
 
     def room(self, wanted: int, limit: int | None) -> int:
         """How many of ``wanted`` may be claimed without passing ``limit`` messages in all (done and in hand)."""
