@@ -99,9 +99,10 @@ class Reaper:
         """A pass now and every ``interval`` seconds (``REAP_INTERVAL``) until ``stop`` is set.
 
         Each pass that did something goes to ``on_report`` (by default, the
-        log at INFO). A pass that fails for database trouble outlasting its
-        retries is logged, and the next pass tries again; any other error
-        ends the loop (the caller reports it).
+        log at INFO). A pass that fails, for any reason, does not end the
+        loop: database trouble that outlasted its retries is logged in one
+        line, anything else with its traceback, and the next pass tries
+        again after the interval.
         """
         interval = get_settings().reap_interval if interval is None else interval
         on_report = on_report or (lambda report: logger.info("reaper: %s", report))
@@ -109,12 +110,14 @@ class Reaper:
             while not stop.is_set():
                 try:
                     report = self.run_once()
+                    if report is not None and report.did_something:
+                        on_report(report)
                 except DATABASE_TROUBLE as exc:
                     logger.warning("reaper: a pass failed (%s); trying again in %gs", exc, interval)
                     connections[self.using].close()
-                else:
-                    if report is not None and report.did_something:
-                        on_report(report)
+                except Exception:
+                    logger.exception("reaper: a pass failed; trying again in %gs", interval)
+                    connections[self.using].close()
                 stop.wait(interval)
         finally:
             connections.close_all()

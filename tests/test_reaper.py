@@ -160,3 +160,40 @@ def test_reapqueue_loop_reports_passes_until_interrupted():
     assert first.startswith("1 stale worker(s) removed")
     assert not Worker.objects.exists()
     assert str(ReapReport()) not in rest.splitlines()  # passes that did nothing print nothing
+
+
+def test_the_loop_survives_any_failed_pass_and_logs_its_traceback(monkeypatch, caplog):
+    """Only database trouble used to be survived: any other error ended the loop, and with it --reap's worker."""
+    WorkerFactory(stale=True)
+    real_run_once = Reaper.run_once
+    passes = []
+
+    def run_once(self):
+        passes.append(len(passes))
+        if len(passes) == 1:
+            raise ZeroDivisionError("a bug in one pass")
+        return real_run_once(self)
+
+    monkeypatch.setattr(Reaper, "run_once", run_once)
+    stop, reports = threading.Event(), []
+
+    def on_report(report):
+        reports.append(report)
+        stop.set()
+
+    thread = threading.Thread(target=Reaper().loop, args=(stop, 0.05, on_report))
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert "reaper: a pass failed; trying again in 0.05s" in caplog.text
+    assert "Traceback (most recent call last)" in caplog.text and "ZeroDivisionError: a bug in one pass" in caplog.text
+    assert [r.stale_workers for r in reports] == [1]
+    assert not Worker.objects.exists()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "1e12"])
+def test_reapqueue_interval_is_bounded(value):
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="invalid positive_float value"):
+        call_command("reapqueue", "--loop", "--interval", value)

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_dbqueue.management.arguments import add_database_argument
+from django_dbqueue.management.arguments import add_database_argument, positive_float
 from django_dbqueue.reaper import Reaper, ReapReport
 
 
@@ -16,7 +16,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--loop", action="store_true", help="Keep reaping every --interval seconds.")
-        parser.add_argument("--interval", type=float, help="Seconds between passes with --loop (REAP_INTERVAL).")
+        parser.add_argument(
+            "--interval", type=positive_float, help="Seconds between passes with --loop (default: REAP_INTERVAL)."
+        )
         add_database_argument(parser, "The database to reap")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -26,7 +28,7 @@ class Command(BaseCommand):
             self.stdout.write("another reaper holds the lock; nothing done" if report is None else str(report))
             return
         try:
-            reaper.loop(threading.Event(), options["interval"] or None, on_report=self.print_report)
+            reaper.loop(threading.Event(), options["interval"], on_report=self.print_report)
         except KeyboardInterrupt:
             return
 
