@@ -149,12 +149,12 @@ def validate_headers(headers: Any) -> dict[str, Any]:
     return headers
 
 
-def storable_text(text: str, limit: int = 65_536) -> str:
+def storable_text(text: str, limit: int | None = 65_536) -> str:
     """Text the queue writes itself (errors, tracebacks, output tails), made storable everywhere.
 
     NUL and lone surrogates are escaped (visibly: ``\\x00``, ``\\ud800``), and
-    text past ``limit`` characters keeps its head and its tail, where a
-    traceback says what happened.
+    text past ``limit`` characters (None: no limit) keeps its head and its
+    tail, where a traceback says what happened.
     """
     if "\x00" in text:
         text = text.replace("\x00", "\\x00")
@@ -162,7 +162,7 @@ def storable_text(text: str, limit: int = 65_536) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError:
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    if len(text) > limit:
+    if limit is not None and len(text) > limit:
         cut = len(text) - limit
         head = limit // 4
         text = f"{text[:head]}\n[... {cut:,} characters cut ...]\n{text[head + cut + 40 :]}"

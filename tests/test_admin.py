@@ -440,3 +440,62 @@ def test_enqueued_messages_show_in_the_admin(viewer):
     message = django_dbqueue.enqueue("mail", {"to": "ada"}, kind="welcome")
     html = viewer.get(change_url("message", message.pk)).content.decode()
     assert "&quot;to&quot;: &quot;ada&quot;" in html and "welcome" in html
+
+
+# --- rows a plain SQL producer stored ---------------------------------------------------
+
+# What a plain SQL producer (docs/table-layout.md) can store although the API
+# refuses it, and which databases store it: (JSON for payload, headers and
+# result; text for queue, kind, key and last error; what the page shows).
+ODD_VALUES = {
+    "lone surrogate in JSON": ('{"note": "\\ud800"}', None, "\\ud800", {"sqlite"}),
+    "NUL in JSON": ('{"note": "a\\u0000b"}', None, "a\\u0000b", {"sqlite", "mysql"}),
+    "NUL in text": (None, "a\x00b", "a\\x00b", {"sqlite", "mysql"}),
+}
+
+
+def store_odd_values(json_text, text, rows):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        for table, pk in rows:
+            if json_text is not None:
+                columns = ["payload", "headers"] + (["result"] if table == "dbqueue_archive" else [])
+                values = [json_text] * len(columns)
+            else:
+                columns = ["queue", "kind", connection.ops.quote_name("key"), "last_error"]
+                values = [text] * len(columns)
+            assignments = ", ".join(f"{column} = %s" for column in columns)
+            cursor.execute(f"UPDATE {table} SET {assignments} WHERE id = %s", [*values, pk])
+
+
+@pytest.mark.parametrize("case", ODD_VALUES)
+def test_rows_a_plain_sql_producer_stored_render_escaped(client, case):
+    """A lone surrogate stored on SQLite used to break the detail pages with a 500 (it cannot be encoded)."""
+    from django.db import DatabaseError, connection, transaction
+
+    json_text, text, shown, stored_by = ODD_VALUES[case]
+    client.force_login(staff("ops", *VIEWS.values(), "replay_archivedmessage"))
+    message, dead = MessageFactory(), ArchivedMessageFactory(dead=True)
+    rows = [("dbqueue_message", message.pk), ("dbqueue_archive", dead.pk)]
+    if connection.vendor not in stored_by:
+        with pytest.raises(DatabaseError), transaction.atomic():
+            store_odd_values(json_text, text, rows)
+        pytest.skip(f"{connection.vendor} refuses a {case}")
+    store_odd_values(json_text, text, rows)
+    pages = [
+        changelist("message"),
+        change_url("message", message.pk),
+        changelist("archivedmessage"),
+        change_url("archivedmessage", dead.pk),
+        changelist("deadletter"),
+        change_url("deadletter", dead.pk),
+        reverse("admin:django_dbqueue_deadletter_edit_and_replay", args=[dead.pk]),
+    ]
+    for url in pages:
+        response = client.get(url)
+        assert response.status_code == 200, url
+        page = response.content.decode()
+        assert "\x00" not in page, url
+        if url not in (changelist("message"), changelist("archivedmessage"), changelist("deadletter")) or text:
+            assert shown in page, url  # the detail pages and the edit form show every value; lists show the text

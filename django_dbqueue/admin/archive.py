@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString
 from .. import control
 from ..exceptions import DbQueueError
 from ..models import ArchivedMessage, DeadLetter, Message
-from .base import ReadOnlyQueueAdmin, flat, pretty_json
+from .base import ReadOnlyQueueAdmin, flat, full_text, pretty_json, shown
 from .filters import KindFilter, QueueFilter
 
 
@@ -39,14 +39,24 @@ class EditAndReplayForm(forms.Form):
 class ArchiveAdmin(ReadOnlyQueueAdmin[ArchivedMessage]):
     """History: every finished message. Replay works on dead, expired and cancelled rows."""
 
-    list_display = ["id", "message_id", "queue", "kind", "key", "outcome", "attempts", "finished_at", "replayed"]
+    list_display = [
+        "id",
+        "message_id",
+        "queue_shown",
+        "kind_shown",
+        "key_shown",
+        "outcome",
+        "attempts",
+        "finished_at",
+        "replayed",
+    ]
     list_filter = [QueueFilter, KindFilter, "outcome", "finished_at"]
     id_fields = ("id", "message_id")
     actions = ["replay", "replay_forced"]
     object_actions = {"replay": "replay", "replay-forced": "replay_forced"}
     change_form_template = "admin/django_dbqueue/archivedmessage/change_form.html"
     fields = [
-        ("id", "message_id", "queue", "kind", "key"),
+        ("id", "message_id", "queue_shown", "kind_shown", "key_shown"),
         ("outcome", "priority", "attempts", "max_attempts"),
         ("created_at", "first_available_at", "claimed_at", "finished_at", "expires_at"),
         ("finished_by", "replay_of"),
@@ -104,7 +114,17 @@ admin.site.register(ArchivedMessage, ArchiveAdmin)
 class DeadLetterAdmin(ArchiveAdmin):
     """The archive's dead rows: inspect, edit and replay, purge."""
 
-    list_display = ["id", "message_id", "queue", "kind", "key", "attempts", "error", "finished_at", "replayed"]
+    list_display = [
+        "id",
+        "message_id",
+        "queue_shown",
+        "kind_shown",
+        "key_shown",
+        "attempts",
+        "error",
+        "finished_at",
+        "replayed",
+    ]
     list_filter = [QueueFilter, KindFilter, "finished_at"]
     actions = ["replay", "replay_forced", "purge"]
     object_actions = {"replay": "replay", "replay-forced": "replay_forced", "purge": "purge"}
@@ -112,7 +132,7 @@ class DeadLetterAdmin(ArchiveAdmin):
     @admin.display(description="error")
     def error(self, obj: DeadLetter) -> str:
         lines = obj.last_error.strip().splitlines()
-        return lines[-1][:120] if lines else ""
+        return shown(lines[-1][:120]) if lines else ""
 
     @admin.action(description="Purge selected dead letters (delete for good)", permissions=["purge"])
     def purge(self, request: HttpRequest, queryset: QuerySet[ArchivedMessage]) -> None:
@@ -157,13 +177,14 @@ class DeadLetterAdmin(ArchiveAdmin):
                     self.message_user(request, format_html('Replayed as message <a href="{}">{}</a>.', url, new.pk))
                     return HttpResponseRedirect(reverse("admin:django_dbqueue_deadletter_change", args=[row.pk]))
         else:
-            form = EditAndReplayForm(initial={"payload": json.dumps(row.payload, indent=2, ensure_ascii=False)})
+            form = EditAndReplayForm(initial={"payload": shown(json.dumps(row.payload, indent=2, ensure_ascii=False))})
         context = {
             **self.admin_site.each_context(request),
             "title": f"Edit and replay {row}",
             "opts": self.opts,
             "original": row,
             "form": form,
+            "last_error": full_text(row.last_error),
             "already_replayed": row.replayed_at is not None,
         }
         return TemplateResponse(request, "admin/django_dbqueue/deadletter/edit_and_replay.html", context)

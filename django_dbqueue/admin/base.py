@@ -24,6 +24,7 @@ from django.views.decorators.http import require_POST
 from ..exceptions import DbQueueError
 from ..models import ArchivedMessage, Message
 from ..paginator import EstimatingPaginator
+from ..validation import storable_text
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin as ModelAdmin
@@ -63,9 +64,19 @@ PAYLOAD_PREFIX = "payload:"
 REPORT_LIMIT = 10
 
 
+def shown(text: str) -> str:
+    """Text as a page shows it: NUL and lone surrogates visible as ``\\x00`` and ``\\ud800``.
+
+    The API refuses both, but a plain SQL producer can store them (NUL on
+    MariaDB and SQLite, a lone surrogate as a JSON escape on SQLite), and a
+    lone surrogate cannot be encoded into a response at all.
+    """
+    return storable_text(text, limit=None)
+
+
 def pretty_json(value: Any) -> SafeString:
-    """JSON indented in a <pre>, escaped: a payload holding markup shows as text."""
-    return format_html('<pre class="dbqueue-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False))
+    """JSON indented in a <pre>, escaped: a payload holding markup shows as text, any stored value renders."""
+    return format_html('<pre class="dbqueue-json">{}</pre>', shown(json.dumps(value, indent=2, ensure_ascii=False)))
 
 
 def flat(fields: Sequence[str | Sequence[str]]) -> list[str]:
@@ -74,14 +85,14 @@ def flat(fields: Sequence[str | Sequence[str]]) -> list[str]:
 
 
 def full_text(value: str) -> SafeString:
-    return format_html('<pre class="dbqueue-error">{}</pre>', value) if value else SafeString("-")
+    return format_html('<pre class="dbqueue-error">{}</pre>', shown(value)) if value else SafeString("-")
 
 
 def listed(items: list[str]) -> str:
     """``a, b, c`` or, past ``REPORT_LIMIT`` items, ``a, b, c and 7 more``."""
     limit = REPORT_LIMIT
-    shown = ", ".join(items[:limit])
-    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
+    text = ", ".join(items[:limit])
+    return text if len(items) <= limit else f"{text} and {len(items) - limit} more"
 
 
 class NoEditForms:
@@ -129,6 +140,18 @@ class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, ModelAdmin[Row], Gene
     action_limit = ACTION_LIMIT
 
     # Escaped, readable forms of the fields live and archived rows share.
+    @admin.display(description="queue", ordering="queue")
+    def queue_shown(self, obj: Message | ArchivedMessage) -> str:
+        return shown(obj.queue)
+
+    @admin.display(description="kind", ordering="kind")
+    def kind_shown(self, obj: Message | ArchivedMessage) -> str:
+        return shown(obj.kind)
+
+    @admin.display(description="key", ordering="key")
+    def key_shown(self, obj: Message | ArchivedMessage) -> str:
+        return "-" if obj.key is None else shown(obj.key)
+
     @admin.display(description="payload")
     def payload_pretty(self, obj: Message | ArchivedMessage) -> SafeString:
         return pretty_json(obj.payload)

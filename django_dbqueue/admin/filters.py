@@ -11,6 +11,7 @@ from django.http import HttpRequest
 from .. import handlers
 from ..conf import get_settings
 from ..models import Message, MessageQuerySet, MessageState
+from .base import shown
 
 M = TypeVar("M", bound=Model)
 
@@ -31,7 +32,7 @@ class ValuesFilter(admin.SimpleListFilter):
         values = self.known_values()
         if chosen := self.value():
             values.add(chosen)
-        return [(value, value or "(none)") for value in sorted(values)]
+        return [(value, shown(value) or "(none)") for value in sorted(values)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[M]) -> QuerySet[M]:
         return queryset if self.value() is None else queryset.filter(**{self.field: self.value()})

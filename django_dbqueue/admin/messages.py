@@ -22,7 +22,17 @@ if TYPE_CHECKING:
 
 @admin.register(Message)
 class MessageAdmin(ReadOnlyQueueAdmin[Message]):
-    list_display = ["id", "queue", "kind", "key", "state", "priority", "attempts", "age", "available_at"]
+    list_display = [
+        "id",
+        "queue_shown",
+        "kind_shown",
+        "key_shown",
+        "state",
+        "priority",
+        "attempts",
+        "age",
+        "available_at",
+    ]
     list_filter = [QueueFilter, KindFilter, StateFilter, "available_at", "created_at"]
     # Newest first, along the primary key: the claim order (priority, time)
     # has no index without a queue in front, and would sort the whole table.
@@ -31,7 +41,7 @@ class MessageAdmin(ReadOnlyQueueAdmin[Message]):
     object_actions = {"run-now": "run_now", "cancel": "cancel", "release": "release_lease"}
     change_form_template = "admin/django_dbqueue/message/change_form.html"
     fields = [
-        ("id", "queue", "kind", "key"),
+        ("id", "queue_shown", "kind_shown", "key_shown"),
         ("state", "priority", "attempts", "max_attempts"),
         ("created_at", "first_available_at", "available_at", "expires_at"),
         ("claimed_by", "claimed_at"),

@@ -163,7 +163,7 @@ class ArchivedMessage(models.Model):
         permissions = [("replay_archivedmessage", "Can replay dead letters")]
 
     def __str__(self) -> str:
-        return f"{self.queue}#{self.message_id} {self.outcome}"
+        return storable_text(f"{self.queue}#{self.message_id} {self.outcome}")
 
     @classmethod
     def from_live(
@@ -222,4 +222,4 @@ class DeadLetter(ArchivedMessage):
         verbose_name = "dead letter"
 
     def __str__(self) -> str:
-        return f"{self.queue}#{self.message_id} dead"
+        return storable_text(f"{self.queue}#{self.message_id} dead")

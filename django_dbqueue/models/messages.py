@@ -642,7 +642,8 @@ class Message(ConsumerActions, models.Model):
         permissions = [("cancel_message", "Can cancel, run now and release live messages")]
 
     def __str__(self) -> str:
-        return f"{self.queue}#{self.pk}" + (f" ({self.kind})" if self.kind else "")
+        # storable_text: NUL visible, as a plain SQL producer may store it in a kind
+        return validation.storable_text(f"{self.queue}#{self.pk}" + (f" ({self.kind})" if self.kind else ""))
 
     @property
     def was_created(self) -> bool:
