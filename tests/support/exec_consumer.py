@@ -2,6 +2,7 @@
 
 Reads the payload from stdin, appends ``id queue kind attempt text`` to the
 file named by its argument, and exits with the payload's ``exit`` status.
+With ``"nul": true`` it prints NUL characters to stdout and stderr first.
 """
 
 import json
@@ -16,6 +17,9 @@ with open(sys.argv[1], "a") as marks:
         f"{env['DBQUEUE_ATTEMPT']} {payload.get('text', '')}\n"
     )
 status = payload.get("exit", 0)
+if payload.get("nul"):
+    sys.stdout.write("out\x00put")
+    sys.stderr.write("err\x00or\n")
 if status:
     print(f"consumer says: cannot do {status}", file=sys.stderr)
 sys.exit(status)

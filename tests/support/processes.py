@@ -67,6 +67,20 @@ def start_worker(*args: object, marks: Path | None = None, **env: str) -> subpro
     return start_command("runqueueworker", *args, **env)
 
 
+def start_faulty(fault: str, *argv: object, marks: Path | None = None, **env: str) -> subprocess.Popen[str]:
+    """A management command with a fault injected (see tests/support/faulty.py)."""
+    if marks is not None:
+        env["DBQUEUE_TEST_MARKS"] = str(marks)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.faulty", fault, *map(str, argv)],
+        cwd=ROOT,
+        env=child_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def read_marks(path: Path) -> list[tuple[str, int, int]]:
     """The ``event id pid`` lines test handlers wrote (see tests/testapp/queues.py)."""
     if not path.exists():

@@ -65,3 +65,45 @@ def echo(message):
         raise django_dbqueue.Reject("cannot answer that")
     django_dbqueue.reply(message, {"echo": message.payload, "pid": os.getpid()})
     return "answered"
+
+
+@django_dbqueue.handler("w-sleep")
+def sleep(message):
+    """Sleeps ``sleep`` seconds on every attempt (a job of fixed length)."""
+    mark("start", message)
+    time.sleep(message.payload.get("sleep", 0))
+    mark("done", message)
+
+
+def starts(message) -> int:
+    """How often a handler of this process or another started ``message`` (from the marks file)."""
+    path = os.environ.get("DBQUEUE_TEST_MARKS")
+    if not path or not os.path.exists(path):
+        return 0
+    with open(path) as marks:
+        return sum(1 for line in marks if line.split()[:2] == ["start", str(message.pk)])
+
+
+@django_dbqueue.handler("f-poison")
+def poison_values(message):
+    """Faults of tests/test_faults.py: unstorable values, and handlers that give up their own message."""
+    mark("start", message)
+    action = message.payload.get("action", "ok")
+    if action == "result-nul":
+        return {"text": "before\x00after"}
+    if action == "result-huge":
+        return "x" * 1_100_000
+    if action == "error-nul":
+        raise ValueError("cannot parse byte \x00 here")
+    if action == "retry-forever":
+        raise django_dbqueue.Retry(delay=1e12)
+    if action == "defer-forever":
+        raise django_dbqueue.Defer(delay=1e12)
+    if action == "release-self" and starts(message) == 1:
+        message.release()  # the first run gives it back; the next one acks
+    if action == "fail-self":
+        message.fail("failed by its own handler")
+    if action == "ack-self":
+        message.ack()
+    mark("done", message)
+    return action
