@@ -101,6 +101,17 @@ def test_retry_on_the_last_attempt_dead_letters(handler):
     assert row.last_error == "later; no attempts left (1 made)"
 
 
+@pytest.mark.parametrize("gives_up", ["release", "fail"])
+def test_a_handler_that_gives_up_its_own_message_is_lease_lost(handler, gives_up):
+    """Its lease token is gone: recording raised NotClaimed, which the worker turned into a failure, which raised..."""
+    handler("jobs")(lambda m: m.release() if gives_up == "release" else m.fail("by the handler"))
+    message = claim_one()
+    assert process(message) == HandlerOutcome.LEASE_LOST
+    live = Message.objects.get()  # what the handler did stands: given back, or failed (retried later)
+    assert live.pk == message.pk and live.lease_token is None
+    assert live.last_error == ("" if gives_up == "release" else "by the handler")
+
+
 def test_after_record_is_told_the_written_outcome_and_cannot_undo_it(handler, caplog):
     class Announcing:
         def __init__(self):
