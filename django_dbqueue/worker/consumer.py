@@ -7,6 +7,12 @@ except acknowledgements of a batch: those are written together, in one
 transaction, when the batch is done. What it holds is in the worker's
 :class:`~.ledger.Ledger`; idle, it waits with a doubling backoff, or until
 woken (a NOTIFY, a stop).
+
+Recording an outcome never wedges the thread (docs/workers.md, "Recording
+an outcome"): weather is waited out (:mod:`.writing`); a permanent error is
+written once as something else (:func:`unstorable`); a batch that cannot be
+acknowledged together is acknowledged one by one; a lost lease, including a
+handler's own ``release()``, ``fail()`` or ``ack()``, is logged once.
 """
 
 from __future__ import annotations
