@@ -21,6 +21,7 @@ Each pass, under a database lock so that only one reaper acts at a time:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -132,9 +133,8 @@ class Reaper:
         """
         stale_after = get_settings().worker_stale_after
         for name in list(Worker.objects.using(self.using).stale(stale_after).values_list("name", flat=True)):
-            counts = with_retries(
-                self.using, lambda name=name: self._release_worker(name, stale_after), what="release of a stale worker"
-            )
+            release = functools.partial(self._release_worker, name, stale_after)
+            counts = with_retries(self.using, release, what="release of a stale worker")
             if counts is None:
                 continue  # it came back
             poison, released = counts
