@@ -14,9 +14,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from django_dbqueue.analytics.job import AnalyticsJob, hour_window
-from django_dbqueue.analytics.source import JdbcSource, Window
-from django_dbqueue.analytics.synthetic import archive_rows, insert_archive
+from django_dbqueue.contrib.spark.job import AnalyticsJob, hour_window
+from django_dbqueue.contrib.spark.source import JdbcSource, Window
+from django_dbqueue.contrib.spark.synthetic import archive_rows, insert_archive
 from django_dbqueue.models import ArchivedMessage, Message, QueueStat
 from tests.support.analytics_reference import reference, within_rank_error
 from tests.support.factories import MessageFactory

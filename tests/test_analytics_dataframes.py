@@ -5,7 +5,7 @@ import datetime
 import pytest
 
 from django_dbqueue import InvalidOption, InvalidQueueName
-from django_dbqueue.analytics import enqueue_dataframe
+from django_dbqueue.contrib.spark import enqueue_dataframe
 from django_dbqueue.models import Message
 
 # transaction=True: the rows come from Spark's worker processes, and must be gone after the test.

@@ -1,29 +1,24 @@
-"""Queue analytics on Spark: hourly figures from the archive, and bulk enqueue from DataFrames.
+"""Deprecated: the queue analytics moved to the app :mod:`django_dbqueue.contrib.spark`.
 
-Needs the ``spark`` extra (``pip install "django-dbqueue[spark]"``). PySpark
-and pyarrow are imported only when a function that needs them runs, so this
-package imports without them and says which extra is missing.
+Its names still resolve from here, with a ``DeprecationWarning``; add
+``"django_dbqueue.contrib.spark"`` to ``INSTALLED_APPS`` and import from there
+(docs/versions.md says how long this keeps working).
 """
 
 from __future__ import annotations
 
-from importlib import import_module
+import warnings
 from typing import Any
-
-_EXPORTS = {
-    "AnalyticsJob": "job",
-    "JobResult": "job",
-    "enqueue_dataframe": "dataframes",
-    "EnqueueResult": "dataframes",
-    "export_archive": "export",
-    "spark_session": "session",
-}
-
-__all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    from django_dbqueue.contrib import spark
+
+    if name not in spark.__all__:
         raise AttributeError(f"module 'django_dbqueue.analytics' has no attribute {name!r}")
-    return getattr(import_module(f"django_dbqueue.analytics.{module}"), name)
+    warnings.warn(
+        f"django_dbqueue.analytics.{name} moved to django_dbqueue.contrib.spark.{name}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(spark, name)

@@ -8,8 +8,8 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from ..conf import get_settings
-from ..exceptions import DbQueueError
+from ...exceptions import DbQueueError
+from .conf import spark_jars
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -43,7 +43,7 @@ def spark_session(master: str = "local[*]", app_name: str = "django-dbqueue anal
         # "python3" is first on PATH. On a cluster, set PYSPARK_PYTHON for the executors' hosts.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    jars = ",".join(get_settings().spark_jars)
+    jars = ",".join(spark_jars())
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)

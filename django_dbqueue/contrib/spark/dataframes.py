@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from .. import validation
-from ..conf import get_settings, queue_options
-from ..exceptions import InvalidOption
+from ... import validation
+from ...conf import get_settings, queue_options
+from ...exceptions import InvalidOption
+from ...progress import NullProgress, Progress
+from .progress import watch_counters
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -45,6 +47,7 @@ def enqueue_dataframe(
     kind: str = "",
     using: str | None = None,
     batch_size: int | None = None,
+    progress: Progress | None = None,
 ) -> EnqueueResult:
     """Enqueue one message per row of ``df`` into ``queue``; returns how many were new.
 
@@ -53,7 +56,9 @@ def enqueue_dataframe(
     JSON object keyed by column name (default: every other column). Values
     must be JSON types (strings, numbers, booleans, lists, maps); cast dates
     and decimals first. ``batch_size`` rows per INSERT (default
-    ``ENQUEUE_BATCH_SIZE``).
+    ``ENQUEUE_BATCH_SIZE``). ``progress`` (e.g.
+    ``django_dbqueue.progress.progress_to(sys.stderr)``) shows the partitions
+    done and the rows they sent, as each partition finishes.
     """
     validation.validate_queue_name(queue)
     validation.validate_kind(kind)
@@ -79,7 +84,9 @@ def enqueue_dataframe(
         database=database,
         batch_size=batch_size,
     )
-    counts = df.select(key_col, *payload_cols).rdd.mapPartitions(work).collect()
+    rdd = df.select(key_col, *payload_cols).rdd
+    with watch_counters(rdd.context, progress or NullProgress(), f"enqueue to {queue}", rdd.getNumPartitions()) as done:
+        counts = rdd.mapPartitions(functools.partial(work, done=done)).collect()
     return EnqueueResult(inserted=sum(c[0] for c in counts), existing=sum(c[1] for c in counts))
 
 
@@ -115,14 +122,15 @@ def _enqueue_partition(
     kind: str,
     database: dict[str, Any],
     batch_size: int,
+    done: tuple[Any, Any] | None = None,
 ) -> Iterator[tuple[int, int]]:
     """Runs on an executor: insert this partition's rows in chunks; yields (inserted, existing)."""
     alias = executor_alias(database)
-    from ..operations import build_message, enqueue_built
+    from ...operations import build_message, enqueue_built
 
     inserted = existing = 0
 
-    def flush(pending: list) -> None:
+    def flush(pending: list[Any]) -> None:
         nonlocal inserted, existing
         for message in enqueue_built(pending, alias):
             if message.was_created:
@@ -130,7 +138,7 @@ def _enqueue_partition(
             else:
                 existing += 1
 
-    pending: list = []
+    pending: list[Any] = []
     try:
         for row in rows:
             key = row[key_col]
@@ -145,4 +153,7 @@ def _enqueue_partition(
             flush(pending)
     finally:
         connections[alias].close()
+    if done is not None:  # the driver's progress: one more partition, and its rows
+        done[0].add(1)
+        done[1].add(inserted + existing)
     yield inserted, existing

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from ..models import QueueStat
+from ...models import QueueStat
 from .source import Window
 
 if TYPE_CHECKING:
@@ -29,12 +29,12 @@ PARQUET_SCHEMA = (
 def write_table(stats: list[dict[str, Any]], window: Window, using: str) -> int:
     """Replace the window's ``QueueStat`` rows with ``stats``; returns the rows written."""
     with transaction.atomic(using=using):
-        QueueStat.objects.using(using).filter(hour__gte=window.since, hour__lt=window.until).delete()
+        QueueStat.objects.using(using).filter(window.q("hour")).delete()
         QueueStat.objects.using(using).bulk_create([QueueStat(**stat) for stat in stats], batch_size=500)
     return len(stats)
 
 
-def write_parquet(spark: SparkSession, stats: list[dict[str, Any]], directory: str | os.PathLike) -> None:
+def write_parquet(spark: SparkSession, stats: list[dict[str, Any]], directory: str | os.PathLike[str]) -> None:
     """Write ``stats`` under ``directory``, one partition per hour (``hour_utc=YYYY-MM-DDTHH``)."""
     rows = [
         {

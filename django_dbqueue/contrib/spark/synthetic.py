@@ -12,18 +12,26 @@ import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from django.db import connections
+from django.db.backends.utils import CursorWrapper
 
-from ..db.sql import json_param
-from ..models import ArchivedMessage, Outcome
+from ...db.sql import json_param
+from ...models import ArchivedMessage, Outcome
 
 QUEUES = ("orders", "emails", "reports")
 KINDS = ("", "invoice", "reminder")
 ERROR_TYPES = ("ValueError", "KeyError", "payments.CardDeclined", "TimeoutError")
 # Outcomes and their weights; attempts per outcome and their weights.
-OUTCOMES = ((Outcome.ACKED.value, 80), (Outcome.DEAD.value, 12), (Outcome.EXPIRED.value, 6), ("cancelled", 2))
-ATTEMPTS = {
+T = TypeVar("T")
+OUTCOMES: tuple[tuple[str, int], ...] = (
+    (Outcome.ACKED.value, 80),
+    (Outcome.DEAD.value, 12),
+    (Outcome.EXPIRED.value, 6),
+    ("cancelled", 2),
+)
+ATTEMPTS: dict[str, tuple[tuple[int, int], ...]] = {
     Outcome.ACKED.value: ((1, 70), (2, 20), (3, 10)),
     Outcome.DEAD.value: ((3, 60), (5, 30), (1, 10)),
     Outcome.EXPIRED.value: ((0, 50), (1, 50)),
@@ -62,9 +70,9 @@ class Row:
     error_type: str | None  # what the analytics must find in last_error (dead letters)
 
 
-def _pick(rng: random.Random, weighted: Iterable[tuple]) -> object:
-    choices, weights = zip(*weighted, strict=True)
-    return rng.choices(choices, weights)[0]
+def _pick(rng: random.Random, weighted: Iterable[tuple[T, int]]) -> T:
+    pairs = list(weighted)
+    return rng.choices([choice for choice, _ in pairs], [weight for _, weight in pairs])[0]
 
 
 def _us(seconds: float) -> timedelta:
@@ -86,7 +94,7 @@ def archive_rows(n: int, *, start: datetime, hours: int, seed: int = 0, queue_pr
         created = start + _us(rng.uniform(0, hours * 3600))
         available = created + (_us(rng.uniform(0, 60)) if rng.random() < 0.2 else timedelta(0))
         claimed = available + _us(rng.expovariate(0.5)) if attempts else None
-        if outcome in (Outcome.ACKED.value, Outcome.DEAD.value):
+        if claimed is not None and outcome in (Outcome.ACKED.value, Outcome.DEAD.value):
             finished = claimed + _us(rng.lognormvariate(-1.6, 0.8))
         else:
             finished = available + _us(600 + rng.uniform(0, 60))
@@ -129,9 +137,9 @@ def insert_archive(rows: Iterable[Row], *, using: str = "default", chunk_size: i
     head = f"INSERT INTO {qn(ArchivedMessage._meta.db_table)} ({', '.join(qn(c) for c in COLUMNS)}) VALUES "
     empty = json.dumps({})
     written = 0
-    batch: list = []
+    batch: list[Any] = []
 
-    def flush(cursor) -> None:
+    def flush(cursor: CursorWrapper) -> None:
         nonlocal written, batch
         if batch:
             count = len(batch) // len(COLUMNS)

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import connections
 
-from ..exceptions import DbQueueError
+from ...exceptions import DbQueueError
 
 DRIVERS = {
     "mysql": "org.mariadb.jdbc.Driver",

@@ -12,19 +12,21 @@ Both sources give the same two DataFrames, times as seconds since the epoch
 
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from datetime import datetime, timedelta
+from functools import reduce
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db.models import Count, Max, Min, Q
 
-from ..exceptions import DbQueueError
-from ..models import ArchivedMessage, Message
+from ...exceptions import DbQueueError
+from ...models import ArchivedMessage, Message
 from .jdbc import JdbcTarget, jdbc_target
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 ARCHIVE_SCHEMA = (
     "id BIGINT, queue STRING, kind STRING, outcome STRING, attempts INT, created DOUBLE, "
@@ -33,6 +35,11 @@ ARCHIVE_SCHEMA = (
 LIVE_SCHEMA = "id BIGINT, queue STRING, kind STRING, created DOUBLE"
 # Rows a JDBC partition fetches per round trip.
 FETCH_SIZE = 10_000
+# A message finishes after it was created; this much clock difference between the hosts that
+# wrote the two times is tolerated when a read of "created in the window" is bounded by
+# finished_at (which the archive's index serves; created_at has no index).
+CLOCK_SKEW = timedelta(minutes=1)
+HOUR = timedelta(hours=1)
 
 
 class MissingExport(DbQueueError):
@@ -41,16 +48,41 @@ class MissingExport(DbQueueError):
 
 @dataclass(frozen=True)
 class Window:
-    """Half-open: ``since <= t < until``, aware datetimes."""
+    """Half-open: ``since <= t < until``, aware datetimes.
+
+    With ``hours`` (starts of whole hours inside it), only those hours: an
+    incremental run recomputes the hours new rows touched, which need not be
+    one stretch.
+    """
 
     since: datetime
     until: datetime
+    hours: frozenset[datetime] | None = None
 
     def __post_init__(self) -> None:
         if self.since.tzinfo is None or self.until.tzinfo is None:
             raise ValueError("window bounds must be aware datetimes")
         if self.since >= self.until:
             raise ValueError(f"the window is empty: since {self.since} is not before until {self.until}")
+        if self.hours is not None and not all(self.since <= hour < self.until for hour in self.hours):
+            raise ValueError("the window's hours must lie inside it")
+
+    def ranges(self) -> list[tuple[datetime, datetime]]:
+        """The window as half-open ranges: one, or each stretch of consecutive ``hours``."""
+        if self.hours is None:
+            return [(self.since, self.until)]
+        ranges: list[tuple[datetime, datetime]] = []
+        for hour in sorted(self.hours):
+            if ranges and ranges[-1][1] == hour:
+                ranges[-1] = (ranges[-1][0], hour + HOUR)
+            else:
+                ranges.append((hour, hour + HOUR))
+        return ranges
+
+    def q(self, column: str) -> Q:
+        """The ORM condition ``column`` in the window."""
+        conditions = [Q(**{f"{column}__gte": since, f"{column}__lt": until}) for since, until in self.ranges()]
+        return reduce(operator.or_, conditions)
 
 
 @dataclass(frozen=True)
@@ -74,9 +106,9 @@ class JdbcSource:
     def read(self, spark: SparkSession, window: Window) -> Frames:
         target = jdbc_target(self.using)
         partitions = self.partitions or spark.sparkContext.defaultParallelism
-        in_window = Q(finished_at__gte=window.since, finished_at__lt=window.until) | Q(
-            created_at__gte=window.since, created_at__lt=window.until
-        )
+        # finished_at >= since (less the clock skew) holds for every row of the window, and lets the
+        # database read the finished_at index from there instead of the whole archive.
+        in_window = Q(finished_at__gte=window.since - CLOCK_SKEW) & (window.q("finished_at") | window.q("created_at"))
         archive_bounds = (
             ArchivedMessage.objects.using(self.using)
             .filter(in_window)
@@ -84,7 +116,7 @@ class JdbcSource:
         )
         live_bounds = (
             Message.objects.using(self.using)
-            .filter(created_at__gte=window.since, created_at__lt=window.until)
+            .filter(window.q("created_at"))
             .aggregate(lo=Min("id"), hi=Max("id"), n=Count("id"))
         )
         archive_sql = self._archive_query(target, window)
@@ -98,7 +130,14 @@ class JdbcSource:
     @staticmethod
     def _between(target: JdbcTarget, column: str, window: Window) -> str:
         col = target.quote(column)
-        return f"({col} >= {target.timestamp(window.since)} AND {col} < {target.timestamp(window.until)})"
+        return (
+            "("
+            + " OR ".join(
+                f"({col} >= {target.timestamp(since)} AND {col} < {target.timestamp(until)})"
+                for since, until in window.ranges()
+            )
+            + ")"
+        )
 
     def _archive_query(self, target: JdbcTarget, window: Window) -> str:
         q = target.quote
@@ -108,7 +147,8 @@ class JdbcSource:
             f"{target.epoch('claimed_at')} AS claimed, {target.epoch('finished_at')} AS finished, "
             f"CASE WHEN {q('outcome')} = 'dead' THEN {q('last_error')} END AS last_error "
             f"FROM {q(ArchivedMessage._meta.db_table)} "
-            f"WHERE {self._between(target, 'finished_at', window)} OR {self._between(target, 'created_at', window)}"
+            f"WHERE {q('finished_at')} >= {target.timestamp(window.since - CLOCK_SKEW)} "
+            f"AND ({self._between(target, 'finished_at', window)} OR {self._between(target, 'created_at', window)})"
             ") archive_window"
         )
 
@@ -120,7 +160,9 @@ class JdbcSource:
         )
 
     @staticmethod
-    def _load(spark: SparkSession, target: JdbcTarget, table: str, schema: str, bounds: dict, partitions: int):
+    def _load(
+        spark: SparkSession, target: JdbcTarget, table: str, schema: str, bounds: dict[str, Any], partitions: int
+    ) -> DataFrame:
         if bounds["n"] == 0:
             return spark.createDataFrame([], schema)
         reader = spark.read.format("jdbc").options(
@@ -137,9 +179,10 @@ class JdbcSource:
 
 
 class ParquetSource:
-    """Reads ``archive.parquet`` and ``live.parquet`` that ``manage.py exportarchive`` wrote into ``directory``."""
+    """Reads ``archive.parquet`` and ``live.parquet`` that ``manage.py exportarchive`` wrote into ``directory``,
+    or the day partitions ``exportarchive --incremental`` appends there (the archive alone: no backlog)."""
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = os.fspath(directory)
 
     def read(self, spark: SparkSession, window: Window) -> Frames:
@@ -147,17 +190,21 @@ class ParquetSource:
 
         paths = {name: os.path.join(self.directory, f"{name}.parquet") for name in ("archive", "live")}
         missing = [path for path in paths.values() if not os.path.exists(path)]
-        if missing:
+        lake = missing and _is_lake(self.directory)
+        if lake:
+            # exportarchive --incremental: the archive partitioned by day; no live table.
+            paths = {"archive": self.directory}
+        elif missing:
             raise MissingExport(
                 f"{' and '.join(missing)} not found; write them with manage.py exportarchive --out {self.directory}"
             )
-        since, until = window.since.timestamp(), window.until.timestamp()
+        from .metrics import in_window
 
-        def seconds(column: str):
+        def seconds(column: str) -> Column:
             return F.unix_micros(F.col(column)) / F.lit(1_000_000.0)
 
-        def between(column: str):
-            return (F.col(column) >= since) & (F.col(column) < until)
+        def between(column: str) -> Column:
+            return in_window(column, window)
 
         archive = spark.read.parquet(paths["archive"]).select(
             F.col("id").cast("bigint"),
@@ -172,9 +219,16 @@ class ParquetSource:
             F.when(F.col("outcome") == "dead", F.col("last_error")).alias("last_error"),
         )
         archive = archive.filter(between("finished") | between("created"))
+        if lake:
+            return Frames(archive=archive, live=spark.createDataFrame([], LIVE_SCHEMA), rows=None)
         live = (
             spark.read.parquet(paths["live"])
             .select(F.col("id").cast("bigint"), "queue", "kind", seconds("created_at").alias("created"))
             .filter(between("created"))
         )
         return Frames(archive=archive, live=live, rows=None)
+
+
+def _is_lake(directory: str) -> bool:
+    """A directory ``exportarchive --incremental`` wrote: ``finished_date=...`` partitions."""
+    return os.path.isdir(directory) and any(entry.startswith("finished_date=") for entry in os.listdir(directory))

@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ..models import Outcome
+from ...models import Outcome
 from .source import Frames, Window
 
 if TYPE_CHECKING:
@@ -44,10 +44,14 @@ def _hour(column: str) -> Column:
     return (F.floor(F.col(column) / 3600) * 3600).cast("long")
 
 
-def _in_window(column: str, window: Window) -> Column:
+def in_window(column: str, window: Window) -> Column:
+    """``column`` (seconds since the epoch) in one of the window's ranges."""
     from pyspark.sql import functions as F
 
-    return (F.col(column) >= window.since.timestamp()) & (F.col(column) < window.until.timestamp())
+    condition = F.lit(False)
+    for since, until in window.ranges():
+        condition = condition | ((F.col(column) >= since.timestamp()) & (F.col(column) < until.timestamp()))
+    return condition
 
 
 def error_type(column: str = "last_error") -> Column:
@@ -79,7 +83,7 @@ def hourly_stats(
     from pyspark.sql import functions as F
 
     outcome = F.col("outcome")
-    finished = frames.archive.filter(outcome.isin(*FINISHED) & _in_window("finished", window)).withColumn(
+    finished = frames.archive.filter(outcome.isin(*FINISHED) & in_window("finished", window)).withColumn(
         "hour", _hour("finished")
     )
     timed = outcome.isin(Outcome.ACKED.value, Outcome.DEAD.value) & F.col("claimed").isNotNull()
@@ -102,9 +106,9 @@ def hourly_stats(
     created = frames.archive.select("queue", "kind", "created").unionByName(
         frames.live.select("queue", "kind", "created")
     )
-    enqueued = created.filter(_in_window("created", window)).withColumn("hour", _hour("created")).groupBy(*KEY).count()
+    enqueued = created.filter(in_window("created", window)).withColumn("hour", _hour("created")).groupBy(*KEY).count()
 
-    stats: dict[tuple, dict[str, Any]] = defaultdict(_empty)
+    stats: dict[tuple[Any, ...], dict[str, Any]] = defaultdict(_empty)
     for row in main.collect():
         stat = stats[(row["hour"], row["queue"], row["kind"])]
         for name in (*FINISHED, "retried"):
@@ -114,7 +118,7 @@ def hourly_stats(
             values = row[prefix] or [None] * len(PERCENTILES)
             for p, value in zip(PERCENTILES, values, strict=True):
                 stat[f"{prefix}_p{round(p * 100)}"] = value
-    by_key: dict[tuple, Counter[str]] = defaultdict(Counter)
+    by_key: dict[tuple[Any, ...], Counter[str]] = defaultdict(Counter)
     for row in details.collect():
         key = (row["hour"], row["queue"], row["kind"])
         attempts = stats[key]["attempts"]
