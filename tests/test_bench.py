@@ -25,6 +25,7 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
         "--archive-rows=3000",
         "--scheduled=200",
         "--memory-messages=2000",
+        "--per-message-messages=100",
         "--json",
     )
     report = json.loads(capsys.readouterr().out)
@@ -33,14 +34,23 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
         "enqueue",
         "enqueue_many",
         "drain",
+        "drain_write",
+        "per_message",
         "end-to-end latency",
         "claim+ack median, loaded tables",
         "worker RSS growth over 2000 messages",
         "admin archive page, whole table",
         "admin archive page, filtered by queue",
     }
-    for name in ("enqueue", "enqueue_many", "drain"):
+    for name in ("enqueue", "enqueue_many", "drain", "drain_write", "per_message"):
         assert phases[name]["ours"] > 0 and phases[name]["baseline"] > 0 and phases[name]["ratio"] > 0
+    for name in ("drain", "drain_write", "per_message"):
+        extra = phases[name]["extra"]
+        # CPU per message is reported for both sides, from the worker processes' own accounting.
+        assert extra["cpu_ms_per_message"] > 0 and extra["raw_cpu_ms_per_message"] > 0
+    assert phases["per_message"]["extra"]["batch_size"] == 1 and phases["per_message"]["extra"]["workers"] == 1
+    assert phases["per_message"]["extra"]["messages"] == 100
+    assert phases["drain_write"]["extra"]["handler"] == "write"
     latency = phases["end-to-end latency"]["extra"]
     assert 0 <= latency["p50_ms"] <= latency["p95_ms"] <= latency["p99_ms"]
     assert phases["worker RSS growth over 2000 messages"]["extra"]["rss_end_mb"] > 0
@@ -66,3 +76,35 @@ def test_repeat_reports_medians_of_the_runs(capsys):
         runs = result["extra"]["runs"]
         assert len(runs) == 3 and result["baseline"] > 0
         assert min(r["messages"] for r in runs) == result["extra"]["messages"] == 50
+
+
+def test_soak_drains_every_message_once_and_reports_tenths(monkeypatch, capsys):
+    monkeypatch.setenv("DBQUEUE_TEST_DATABASE_NAME", str(connection.settings_dict["NAME"]))
+    call_command("queuebench", "--phases=soak", "--soak-messages=400", "--workers=2", "--batch-size=5", "--json")
+    [result] = json.loads(capsys.readouterr().out)["results"]
+    extra = result["extra"]
+    assert result["phase"] == "soak (400 messages)" and result["ours"] > 0
+    assert extra["drained"] == extra["drained_distinct"] == 400
+    assert len(extra["rate_per_tenth"]) == 10 and all(rate > 0 for rate in extra["rate_per_tenth"])
+    assert extra["last_to_first"] > 0
+    assert len(extra["claim_ms_per_tenth"]) == 10 and all(ms is not None for ms in extra["claim_ms_per_tenth"])
+    assert set(extra["sizes"]) == {"before", "after_drain", "after_reaper"}
+    for size in extra["sizes"].values():
+        assert {"table_bytes", "index_bytes"} <= set(size)
+        if connection.vendor != "sqlite":
+            assert size["table_bytes"] >= 0 and size["index_bytes"] >= 0
+    assert not Message.objects.filter(queue__startswith="queuebench.").exists()
+
+
+def test_idle_reports_the_cpu_share_of_one_idle_default_worker(monkeypatch, capsys):
+    monkeypatch.setenv("DBQUEUE_TEST_DATABASE_NAME", str(connection.settings_dict["NAME"]))
+    call_command("queuebench", "--phases=idle", "--idle-seconds=1", "--json")
+    [result] = json.loads(capsys.readouterr().out)["results"]
+    assert result["phase"] == "idle worker CPU" and result["unit"] == "% of a core"
+    assert result["ours"] >= 0 and result["extra"]["wall_seconds"] >= 1
+
+
+def test_soak_and_idle_are_left_out_unless_asked_for():
+    from django_dbqueue.contrib.bench.runner import DEFAULT_PHASES, PHASES
+
+    assert {"soak", "idle"} <= set(PHASES) and not {"soak", "idle"} & set(DEFAULT_PHASES)

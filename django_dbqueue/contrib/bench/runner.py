@@ -9,29 +9,47 @@ is not counted against either side. Every phase works on queues named
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from django.conf import settings
+from django.core.management.base import OutputWrapper
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Max, Min
 from django.test.utils import override_settings
 
-from ..db import vendor
-from ..db.stats import refresh_statistics
-from ..models import ArchivedMessage, Message
-from ..operations import ack_many, claim, enqueue, enqueue_many
-from .rawsql import RawProtocol
+from ...db import vendor
+from ...db.stats import refresh_statistics
+from ...models import ArchivedMessage, Message
+from ...operations import ack_many, claim, enqueue, enqueue_many
+from ...reaper import Reaper
+from .rawsql import RawProtocol, count_written, create_write_table, drop_write_table, table_size
 
-PHASES = ("enqueue", "enqueue_many", "drain", "latency", "claim_latency", "memory", "admin_list")
+PHASES = (
+    "enqueue",
+    "enqueue_many",
+    "drain",
+    "drain_write",
+    "per_message",
+    "latency",
+    "claim_latency",
+    "memory",
+    "admin_list",
+    "soak",
+    "idle",
+)
+# Phases run only when asked for (--phases): they take minutes at their default sizes.
+DEFAULT_PHASES = PHASES[:-2]
 PREFIX = "queuebench."
 
 
@@ -42,13 +60,16 @@ class BenchConfig:
     batch_size: int = 10
     payload_bytes: int = 100
     database: str = "default"
-    phases: tuple[str, ...] = PHASES
+    phases: tuple[str, ...] = DEFAULT_PHASES
     rate: int = 200  # offered load of the latency phase, messages per second
     latency_seconds: float = 10.0
     archive_rows: int = 100_000
     scheduled: int = 10_000
     memory_messages: int = 100_000
+    per_message_messages: int = 2_000
     repeat: int = 1
+    soak_messages: int = 1_000_000
+    idle_seconds: float = 10.0
 
 
 @dataclass
@@ -101,16 +122,18 @@ def bench_queues_on(database: str) -> Iterator[None]:
         return
     raw = dict(getattr(settings, "DBQUEUE", {}))
     queues = dict(raw.get("QUEUES", {}))
-    for name in ("enqueue", "enqueue_many", "drain", "latency", "claim", "memory"):
+    for name in ("enqueue", "enqueue_many", "drain", "latency", "claim", "memory", "soak", "soak-probe", "idle"):
         queues[PREFIX + name] = {**queues.get(PREFIX + name, {}), "DATABASE": database}
     with override_settings(DBQUEUE={**raw, "QUEUES": queues}):
         yield
 
 
-def spawn(role: str, queue: str, config: BenchConfig, *extra: str) -> subprocess.Popen[bytes]:
+def spawn(
+    role: str, queue: str, config: BenchConfig, *extra: str, batch_size: int | None = None
+) -> subprocess.Popen[bytes]:
     """A child process running ``role`` (see :mod:`.roles`) with this process's settings."""
     command = [sys.executable, "-m", "django", "queuebench", "--role", role, "--queue", queue]
-    command += ["--batch-size", str(config.batch_size), "--database", config.database, *extra]
+    command += ["--batch-size", str(batch_size or config.batch_size), "--database", config.database, *extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", ""))
     return subprocess.Popen(command, env=env)
@@ -134,7 +157,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class QueueBench:
-    def __init__(self, config: BenchConfig, progress: TextIO = sys.stderr) -> None:
+    def __init__(self, config: BenchConfig, progress: TextIO | OutputWrapper = sys.stderr) -> None:
         self.config = config
         self.progress = progress
         self.payload = {"data": "x" * max(0, config.payload_bytes - 12)}
@@ -163,6 +186,7 @@ class QueueBench:
     def clean(self) -> None:
         Message.objects.using(self.using).filter(queue__startswith=PREFIX)._raw_delete(self.using)
         ArchivedMessage.objects.using(self.using).filter(queue__startswith=PREFIX)._raw_delete(self.using)
+        drop_write_table(self.using)
 
     def timed(self, action: Callable[[], Any]) -> float:
         started = time.perf_counter()
@@ -189,26 +213,80 @@ class QueueBench:
         ours = count / self.timed(lambda: enqueue_many(queue, [self.payload] * count, using=self.using))
         return [Result("enqueue_many", ours, "messages/s", baseline, {"messages": count})]
 
-    def _drain_rate(self, role: str) -> float:
+    def _drain(
+        self, role: str, *, workers: int, batch_size: int, messages: int, handler: str = "noop"
+    ) -> tuple[float, float]:
+        """``workers`` children of ``role`` drain ``messages``: messages/s, and their CPU milliseconds per message.
+
+        The rate is from the database's timestamps (first claim to last
+        finish); the CPU time is what the children spent from the start of
+        their work to its end (user + system), as they report it.
+        """
         queue = PREFIX + "drain"
         self.clean()
-        self.fill(queue, self.config.messages)
-        children = [spawn(role, queue, self.config) for _ in range(self.config.workers)]
-        for child in children:
-            if child.wait(timeout=3600) != 0:
-                raise RuntimeError(f"a {role} child exited with {child.returncode}")
+        self.fill(queue, messages)
+        if handler == "write":
+            create_write_table(self.using)
+        with tempfile.TemporaryDirectory(prefix="queuebench-") as reports:
+            paths = [os.path.join(reports, f"{n}.json") for n in range(workers)]
+            extra = ("--handler", handler)
+            children = [
+                spawn(role, queue, self.config, *extra, "--report", path, batch_size=batch_size) for path in paths
+            ]
+            for child in children:
+                if child.wait(timeout=3600) != 0:
+                    raise RuntimeError(f"a {role} child exited with {child.returncode}")
+            cpu = 0.0
+            for path in paths:
+                with open(path) as report:
+                    cpu += json.load(report)["cpu_seconds"]
         archive = ArchivedMessage.objects.using(self.using).filter(queue=queue)
         done = archive.count()
-        if done != self.config.messages:
-            raise RuntimeError(f"{role}: {done} of {self.config.messages} messages drained")
+        if done != messages:
+            raise RuntimeError(f"{role}: {done} of {messages} messages drained")
+        if handler == "write":
+            written = count_written(self.using)
+            drop_write_table(self.using)
+            if written < messages:
+                raise RuntimeError(f"{role}: the handler wrote {written} rows for {messages} messages")
         span = archive.aggregate(first=Min("claimed_at"), last=Max("finished_at"))
-        return done / max((span["last"] - span["first"]).total_seconds(), 1e-6)
+        return done / max((span["last"] - span["first"]).total_seconds(), 1e-6), cpu * 1000 / done
+
+    def _drain_phase(self, name: str, *, workers: int, batch_size: int, messages: int, handler: str) -> Result:
+        sizes: dict[str, Any] = {"workers": workers, "batch_size": batch_size, "messages": messages, "handler": handler}
+        baseline, raw_cpu = self._drain("raw-worker", **sizes)
+        ours, our_cpu = self._drain("orm-worker", **sizes)
+        extra = {
+            **sizes,
+            "cpu_ms_per_message": our_cpu,
+            "raw_cpu_ms_per_message": raw_cpu,
+            "cpu_ratio": our_cpu / raw_cpu if raw_cpu else 0.0,
+            "ms_per_message": 1000 / ours,
+            "raw_ms_per_message": 1000 / baseline,
+        }
+        return Result(name, ours, "messages/s", baseline, extra)
 
     def phase_drain(self) -> list[Result]:
-        baseline = self._drain_rate("raw-worker")
-        ours = self._drain_rate("orm-worker")
-        extra = {"messages": self.config.messages, "workers": self.config.workers, "batch_size": self.config.batch_size}
-        return [Result(f"drain ({self.config.workers} worker processes)", ours, "messages/s", baseline, extra)]
+        """W worker processes with a no-op handler, batches of B, against W raw loops."""
+        workers, batch = self.config.workers, self.config.batch_size
+        name = f"drain ({workers} worker processes, batch {batch})"
+        return [
+            self._drain_phase(name, workers=workers, batch_size=batch, messages=self.config.messages, handler="noop")
+        ]
+
+    def phase_drain_write(self) -> list[Result]:
+        """As ``drain``, with a handler that inserts one row per message, as real jobs write."""
+        workers, batch = self.config.workers, self.config.batch_size
+        name = f"drain_write ({workers} worker processes, batch {batch})"
+        return [
+            self._drain_phase(name, workers=workers, batch_size=batch, messages=self.config.messages, handler="write")
+        ]
+
+    def phase_per_message(self) -> list[Result]:
+        """One worker as ``runqueueworker`` runs by default (one thread, batch 1) against the raw per-message loop."""
+        messages = self.config.per_message_messages
+        name = "per_message (1 default worker)"
+        return [self._drain_phase(name, workers=1, batch_size=1, messages=messages, handler="noop")]
 
     def phase_latency(self) -> list[Result]:
         """Enqueue at a fixed rate while workers run; latency = claim time - enqueue time."""
@@ -233,7 +311,7 @@ class QueueBench:
             worker.send_signal(signal.SIGTERM)
         for worker in workers:
             worker.wait(timeout=120)
-        waits = [(c - e).total_seconds() * 1000 for e, c in archive.values_list("created_at", "claimed_at")]
+        waits = [(c - e).total_seconds() * 1000 for e, c in archive.values_list("created_at", "claimed_at") if c]
         if len(waits) != total:
             raise RuntimeError(f"latency: {len(waits)} of {total} messages processed")
         extra = {
@@ -292,7 +370,7 @@ class QueueBench:
         }
         return [Result(f"worker RSS growth over {count} messages", warm[-1] - warm[0], "MB", None, extra)]
 
-    def _page_ms(self, paginator_class: type[Paginator], queryset: Any, rounds: int = 15) -> float:
+    def _page_ms(self, paginator_class: type[Paginator[Any]], queryset: Any, rounds: int = 15) -> float:
         """The median time to count a list and read its first page of 100, as the admin does."""
         times = []
         for _ in range(rounds):
@@ -305,7 +383,7 @@ class QueueBench:
 
     def phase_admin_list(self) -> list[Result]:
         """The archive's admin list with ``archive_rows`` rows: our paginator against Django's COUNT(*)."""
-        from ..paginator import EstimatingPaginator
+        from ...paginator import EstimatingPaginator
 
         rows = self.config.archive_rows
         self.say(f"admin_list: loading {rows} archive rows")
@@ -330,6 +408,103 @@ class QueueBench:
                 extra,
             ),
         ]
+
+    def phase_soak(self) -> list[Result]:
+        """Enqueue and drain ``--soak-messages`` with ``--workers`` workers at once: is the end as fast as the start?
+
+        This process produces in chunks, keeping the backlog under a cap so
+        the queue stays live rather than becoming a bulk drain. After each
+        chunk a probe times one claim statement on a side queue of the same
+        table (what index bloat or purge lag slows down). Throughput per
+        tenth comes from the archive's finish times. Sizes of the live table
+        and its indexes: before, after the drain, after a reaper pass.
+        """
+        total = self.config.soak_messages
+        queue, probe = PREFIX + "soak", PREFIX + "soak-probe"
+        table = Message._meta.db_table
+        chunk = max(1, min(1000, total // 50))
+        cap = max(chunk * 4, self.config.workers * self.config.batch_size * 4)
+        live = Message.objects.using(self.using).filter(queue=queue)
+        archive = ArchivedMessage.objects.using(self.using).filter(queue=queue)
+        sizes = {"before": table_size(self.using, table)}
+        runtime = str(24 * 3600)
+        workers = [
+            spawn("orm-worker", queue, self.config, "--forever", "--max-runtime", runtime)
+            for _ in range(self.config.workers)
+        ]
+        probes: list[list[float]] = [[] for _ in range(10)]
+        enqueued = 0
+        try:
+            while enqueued < total:
+                if live.count() >= cap:
+                    time.sleep(0.005)
+                    continue
+                take = min(chunk, total - enqueued)
+                enqueue_many(queue, [self.payload] * take, using=self.using)
+                enqueued += take
+                enqueue(probe, self.payload, using=self.using)
+                started = time.perf_counter()
+                claimed = claim(probe, 1, worker="queuebench-probe")
+                probes[min(9, (enqueued - 1) * 10 // total)].append((time.perf_counter() - started) * 1000)
+                ack_many(claimed)
+                if any(worker.poll() is not None for worker in workers):
+                    raise RuntimeError("soak: a worker exited early")
+            deadline = time.monotonic() + 600
+            while live.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            for worker in workers:
+                worker.send_signal(signal.SIGTERM)
+            for worker in workers:
+                worker.wait(timeout=120)
+        done = archive.count()
+        distinct = archive.values("message_id").distinct().count()
+        if done != total or distinct != total or live.exists():
+            raise RuntimeError(f"soak: {done} archive rows ({distinct} distinct) for {total} messages")
+        sizes["after_drain"] = table_size(self.using, table)
+        Reaper(self.using).run_once()
+        sizes["after_reaper"] = table_size(self.using, table)
+        finished = list(archive.order_by("finished_at").values_list("finished_at", flat=True))
+        first_claim = archive.aggregate(first=Min("claimed_at"))["first"]
+        starts = [first_claim] + [finished[k * total // 10 - 1] for k in range(1, 10)]
+        rates = []
+        for k in range(10):
+            end = finished[(k + 1) * total // 10 - 1]
+            count = (k + 1) * total // 10 - k * total // 10
+            rates.append(count / max((end - starts[k]).total_seconds(), 1e-6))
+        claim_ms = [statistics.median(p) if p else None for p in probes]
+        extra = {
+            "messages": total,
+            "drained": done,
+            "drained_distinct": distinct,
+            "workers": self.config.workers,
+            "batch_size": self.config.batch_size,
+            "backlog_cap": cap,
+            "rate_per_tenth": rates,
+            "first_tenth_rate": rates[0],
+            "last_tenth_rate": rates[-1],
+            "last_to_first": rates[-1] / rates[0] if rates[0] else 0.0,
+            "claim_ms_per_tenth": claim_ms,
+            "sizes": sizes,
+        }
+        overall = total / max((finished[-1] - first_claim).total_seconds(), 1e-6)
+        return [Result(f"soak ({total} messages)", overall, "messages/s", None, extra)]
+
+    def phase_idle(self) -> list[Result]:
+        """One worker as ``runqueueworker`` starts it, on an empty queue: its CPU as a percentage of one core."""
+        queue = PREFIX + "idle"
+        seconds = str(self.config.idle_seconds)
+        with tempfile.TemporaryDirectory(prefix="queuebench-") as reports:
+            path = os.path.join(reports, "idle.json")
+            arguments = ("--forever", "--max-runtime", seconds, "--report", path)
+            worker = spawn("default-worker", queue, self.config, *arguments)
+            if worker.wait(timeout=self.config.idle_seconds + 120) != 0:
+                raise RuntimeError(f"idle: the worker exited with {worker.returncode}")
+            with open(path) as report:
+                usage = json.load(report)
+        percent = usage["cpu_seconds"] / max(usage["wall_seconds"], 1e-6) * 100
+        extra = {"cpu_seconds": usage["cpu_seconds"], "wall_seconds": usage["wall_seconds"]}
+        return [Result("idle worker CPU", percent, "% of a core", None, extra)]
 
     # --- data ------------------------------------------------------------------
 
@@ -376,6 +551,12 @@ def as_table(results: list[Result], config: BenchConfig) -> str:
             lines.append(
                 f"{'':<4}p50 {r.extra['p50_ms']:.1f} ms, p95 {r.extra['p95_ms']:.1f} ms, p99 {r.extra['p99_ms']:.1f} ms"
             )
+        if "cpu_ms_per_message" in r.extra:
+            lines.append(
+                f"{'':<4}{r.extra['ms_per_message']:.2f} ms per message (raw {r.extra['raw_ms_per_message']:.2f}); "
+                f"worker CPU {r.extra['cpu_ms_per_message']:.3f} ms per message "
+                f"(raw {r.extra['raw_cpu_ms_per_message']:.3f}, {r.extra['cpu_ratio']:.2f}x)"
+            )
         if r.phase.startswith("claim+ack"):
             lines.append(f"{'':<4}baseline here is the same claim+ack on empty tables, not raw SQL")
         if r.phase.startswith("admin archive page"):
@@ -385,6 +566,19 @@ def as_table(results: list[Result], config: BenchConfig) -> str:
             lines.append(
                 f"{'':<4}RSS {r.extra['rss_warm_mb']:.1f} MB once warm, {r.extra['rss_end_mb']:.1f} MB at the end"
             )
+        if r.phase.startswith("soak"):
+            x = r.extra
+            lines.append(
+                f"{'':<4}first tenth {x['first_tenth_rate']:,.0f}/s, last tenth {x['last_tenth_rate']:,.0f}/s "
+                f"(last/first {x['last_to_first']:.2f}); {x['drained_distinct']:,} drained, each once"
+            )
+            lines.append(f"{'':<4}per tenth, msg/s: {', '.join(f'{v:,.0f}' for v in x['rate_per_tenth'])}")
+            claims = ", ".join("-" if v is None else f"{v:.2f}" for v in x["claim_ms_per_tenth"])
+            lines.append(f"{'':<4}probe claim median per tenth, ms: {claims}")
+            for when, size in x["sizes"].items():
+                lines.append(f"{'':<4}live table {when}: {size}")
+        if r.phase.startswith("idle"):
+            lines.append(f"{'':<4}{r.extra['cpu_seconds']:.3f} s CPU over {r.extra['wall_seconds']:.1f} s")
     return "\n".join(lines)
 
 

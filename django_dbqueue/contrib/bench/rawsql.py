@@ -25,6 +25,8 @@ LATER = {
     "postgresql": "STATEMENT_TIMESTAMP() + INTERVAL '300 seconds'",
     "sqlite": "STRFTIME('%Y-%m-%d %H:%M:%f', 'now', '+300 seconds')",
 }
+# The table the writing handler inserts into, one row per message (created and dropped by the phase).
+WRITE_TABLE = "queuebench_write"
 ARCHIVE_COLUMNS = (
     "message_id, queue, kind, {key}, payload, headers, priority, created_at, first_available_at, claimed_at, "
     "finished_at, expires_at, attempts, max_attempts, outcome, finished_by, last_error, replay_of, replayed_by"
@@ -110,9 +112,60 @@ class RawProtocol:
             [*ids, token],
         )
         cursor.execute(f"DELETE {match}", [*ids, token])
-        deleted = cursor.rowcount
+        deleted: int = cursor.rowcount
         cursor.execute("COMMIT")
         return deleted
 
     def close(self) -> None:
         self.connection.close()
+
+
+def create_write_table(using: str = "default") -> None:
+    """The writing handler's table, empty (no primary key: the same plain INSERT on every database)."""
+    drop_write_table(using)
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"CREATE TABLE {WRITE_TABLE} (message_id BIGINT NOT NULL)")
+
+
+def drop_write_table(using: str = "default") -> None:
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {WRITE_TABLE}")
+
+
+def count_written(using: str = "default") -> int:
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT COUNT(*) FROM {WRITE_TABLE}")
+        return int(cursor.fetchone()[0])
+
+
+def table_size(using: str, table: str) -> dict[str, int | None]:
+    """Bytes of ``table`` and of its indexes, from the database's own statistics (None where it keeps none).
+
+    PostgreSQL: ``pg_relation_size`` and ``pg_indexes_size`` (pages on disk,
+    dead tuples included until a vacuum frees them) and the dead-tuple count
+    from ``pg_stat_user_tables``. MySQL/MariaDB: ``information_schema.TABLES``
+    after ``ANALYZE TABLE`` (InnoDB otherwise reports stale figures). SQLite
+    keeps no per-table figure without the optional dbstat table: None.
+    """
+    connection = connections[using]
+    quoted = connection.ops.quote_name(table)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT pg_relation_size(%s), pg_indexes_size(%s), "
+                "(SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = %s)",
+                [table, table, table],
+            )
+            data, index, dead = cursor.fetchone()
+            return {"table_bytes": int(data), "index_bytes": int(index), "dead_rows": dead}
+        if connection.vendor == "mysql":
+            cursor.execute(f"ANALYZE TABLE {quoted}")
+            cursor.fetchall()
+            cursor.execute(
+                "SELECT DATA_LENGTH, INDEX_LENGTH, DATA_FREE FROM information_schema.TABLES "
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+                [table],
+            )
+            data, index, free = cursor.fetchone()
+            return {"table_bytes": int(data), "index_bytes": int(index), "free_bytes": int(free)}
+    return {"table_bytes": None, "index_bytes": None}

@@ -1,0 +1,116 @@
+"""``manage.py queuebench``: a thin parser over :class:`django_dbqueue.contrib.bench.runner.QueueBench`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_dbqueue.contrib.bench.runner import (
+    DEFAULT_PHASES,
+    PHASES,
+    BenchConfig,
+    QueueBench,
+    as_json,
+    as_table,
+    bench_queues_on,
+)
+from django_dbqueue.management.arguments import add_database_argument, positive_int
+
+
+class Command(BaseCommand):
+    help = "Measure enqueue, drain, latency, claim latency and worker memory on this database, against raw SQL."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--messages", type=positive_int, default=10_000)
+        parser.add_argument("--workers", type=positive_int, default=4, help="Worker processes for drain and latency.")
+        parser.add_argument("--batch-size", type=positive_int, default=10)
+        parser.add_argument("--payload-bytes", type=positive_int, default=100)
+        add_database_argument(parser, "The database to measure")
+        parser.add_argument(
+            "--phases",
+            default=",".join(DEFAULT_PHASES),
+            help=f"Comma-separated, from: {', '.join(PHASES)} (soak and idle only when named).",
+        )
+        parser.add_argument("--rate", type=positive_int, default=200, help="Offered load of the latency phase (msg/s).")
+        parser.add_argument("--latency-seconds", type=float, default=10.0)
+        parser.add_argument("--archive-rows", type=positive_int, default=100_000)
+        parser.add_argument("--scheduled", type=positive_int, default=10_000)
+        parser.add_argument("--memory-messages", type=positive_int, default=100_000)
+        parser.add_argument(
+            "--per-message-messages",
+            type=positive_int,
+            default=2_000,
+            help="Messages of the per_message phase (one default worker against the raw per-message loop).",
+        )
+        parser.add_argument(
+            "--soak-messages",
+            type=positive_int,
+            default=1_000_000,
+            help="Messages of the soak phase (enqueued and drained continuously).",
+        )
+        parser.add_argument(
+            "--idle-seconds", type=float, default=10.0, help="How long the idle phase watches an idle worker's CPU."
+        )
+        parser.add_argument("--repeat", type=positive_int, default=1, help="Runs of every phase; medians reported.")
+        parser.add_argument("--json", action="store_true", help="Print the results as JSON.")
+        # Internal: what the benchmark's own child processes run.
+        parser.add_argument("--role", choices=["orm-worker", "raw-worker", "default-worker"], help="(internal)")
+        parser.add_argument("--queue", help="(internal)")
+        parser.add_argument("--forever", action="store_true", help="(internal)")
+        parser.add_argument("--max-runtime", type=float, help="(internal)")
+        parser.add_argument("--handler", choices=["noop", "write"], default="noop", help="(internal)")
+        parser.add_argument("--report", help="(internal) where a child writes its CPU time")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from django.conf import settings
+
+        if options["role"]:
+            from django_dbqueue.contrib.bench.roles import run_role
+
+            with bench_queues_on(options["database"]):
+                run_role(
+                    options["role"],
+                    options["queue"],
+                    options["batch_size"],
+                    not options["forever"],
+                    options["max_runtime"],
+                    database=options["database"],
+                    handler=options["handler"],
+                    report=options["report"],
+                )
+            return
+        phases = tuple(p.strip() for p in options["phases"].split(",") if p.strip())
+        unknown = set(phases) - set(PHASES)
+        if unknown:
+            raise CommandError(f"unknown phase(s) {', '.join(sorted(unknown))}; known: {', '.join(PHASES)}")
+        config = BenchConfig(
+            messages=options["messages"],
+            workers=options["workers"],
+            batch_size=options["batch_size"],
+            payload_bytes=options["payload_bytes"],
+            database=options["database"],
+            phases=phases,
+            rate=options["rate"],
+            latency_seconds=options["latency_seconds"],
+            archive_rows=options["archive_rows"],
+            scheduled=options["scheduled"],
+            memory_messages=options["memory_messages"],
+            per_message_messages=options["per_message_messages"],
+            repeat=options["repeat"],
+            soak_messages=options["soak_messages"],
+            idle_seconds=options["idle_seconds"],
+        )
+        if config.idle_seconds <= 0:
+            raise CommandError("--idle-seconds must be positive")
+        if settings.DEBUG:
+            self.stderr.write(
+                "warning: DEBUG is on, so Django records every ORM query (the raw-SQL side bypasses that); "
+                "run with DEBUG off to compare like with like"
+            )
+        results = QueueBench(config, progress=self.stderr).run()
+        if options["json"]:
+            self.stdout.write(json.dumps(as_json(results, config), indent=2, default=str))
+        else:
+            self.stdout.write(as_table(results, config))

@@ -1,0 +1,115 @@
+"""What the benchmark's child processes run: a worker, or the raw protocol, with a no-op or a writing handler.
+
+Children are started as ``python -m django queuebench --role ROLE ...`` so
+they load the project's settings like any management command. With
+``--report FILE`` a child writes there the CPU time (user + system) it spent
+from the start of its work to its end, so start-up counts for neither side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from django.db import connections
+
+from ...models import Message
+from ...worker import QueueWorker, WorkerConfig
+from .rawsql import WRITE_TABLE, RawProtocol
+
+
+def noop(message: Message) -> None:
+    """The benchmark's handler: all the cost measured is the queue's."""
+
+
+# The database the writing handler writes to: the one measured (set by run_role).
+WRITE_USING = "default"
+
+
+def write(message: Message) -> None:
+    """A handler that writes one row, as real jobs do (in autocommit, on the worker thread's connection)."""
+    with connections[WRITE_USING].cursor() as cursor:
+        cursor.execute(f"INSERT INTO {WRITE_TABLE} (message_id) VALUES (%s)", [message.pk])
+
+
+HANDLERS: dict[str, Callable[[Any], None]] = {"noop": noop, "write": write}
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def orm_worker(
+    queue: str, batch_size: int, until_empty: bool = True, max_runtime: float | None = None, handler: str = "noop"
+) -> None:
+    QueueWorker(
+        WorkerConfig(
+            queues=[queue],
+            batch_size=batch_size,
+            until_empty=until_empty,
+            max_runtime=max_runtime,
+            handler=HANDLERS[handler],
+            poll_interval=0.01,
+            max_poll_interval=0.05,
+        )
+    ).run()
+
+
+def default_worker(
+    queue: str, batch_size: int, until_empty: bool = True, max_runtime: float | None = None, handler: str = "noop"
+) -> None:
+    """A worker as ``runqueueworker`` starts it with no flags (its own batch size and polling), for the idle phase."""
+    QueueWorker(
+        WorkerConfig(queues=[queue], until_empty=until_empty, max_runtime=max_runtime, handler=HANDLERS[handler])
+    ).run()
+
+
+def raw_worker(
+    queue: str, batch_size: int, until_empty: bool = True, max_runtime: float | None = None, handler: str = "noop"
+) -> None:
+    protocol = RawProtocol()
+    run = HANDLERS[handler]
+    name = f"{socket.gethostname()}:{os.getpid()}:raw"
+    deadline = time.monotonic() + (max_runtime or 1e9)
+    while time.monotonic() < deadline:
+        token, ids = protocol.claim(queue, batch_size, name)
+        if ids:
+            for pk in ids:
+                run(SimpleNamespace(pk=pk))  # the handler reads only the id
+            protocol.ack(token, ids)
+        elif until_empty:
+            break
+        else:
+            time.sleep(0.01)
+    connections.close_all()
+
+
+def run_role(
+    role: str,
+    queue: str,
+    batch_size: int,
+    until_empty: bool,
+    max_runtime: float | None,
+    *,
+    database: str = "default",
+    handler: str = "noop",
+    report: str | None = None,
+) -> None:
+    """Run ``role``; with ``report``, write the CPU time of its work there (JSON)."""
+    global WRITE_USING
+    WRITE_USING = database
+    started, wall = cpu_seconds(), time.monotonic()
+    ROLES[role](queue, batch_size, until_empty, max_runtime, handler)
+    if report:
+        with open(report, "w") as out:
+            json.dump({"cpu_seconds": cpu_seconds() - started, "wall_seconds": time.monotonic() - wall}, out)
+
+
+ROLES = {"orm-worker": orm_worker, "raw-worker": raw_worker, "default-worker": default_worker}
