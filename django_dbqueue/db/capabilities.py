@@ -1,4 +1,4 @@
-"""What a database can do for the queue, for the system checks (E002, W001)."""
+"""What a database can do for the queue: for the system checks (E002, W001) and the hot path's statements."""
 
 from __future__ import annotations
 
@@ -14,6 +14,15 @@ def lacks_skip_locked(using: str) -> bool:
     """True for a server without ``SELECT ... FOR UPDATE SKIP LOCKED`` (SQLite needs none: one writer)."""
     connection = connections[using]
     return connection.vendor != "sqlite" and not connection.features.has_select_for_update_skip_locked
+
+
+def writable_ctes(using: str) -> bool:
+    """True where a ``WITH`` may hold ``DELETE``/``UPDATE ... RETURNING`` feeding another statement (PostgreSQL).
+
+    There the worker's claim and acknowledgement are one statement each,
+    atomic without a transaction around them.
+    """
+    return connections[using].vendor == "postgresql"
 
 
 def runs_repeatable_read(using: str) -> bool:

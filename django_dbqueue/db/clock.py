@@ -63,8 +63,27 @@ class DbNow(Func):
 def compile_now(using: str, seconds: float = 0.0) -> tuple[str, list[Any]]:
     """``DbNow(seconds)`` as SQL and parameters, for hand-written statements."""
     connection = connections[using]
+    if not seconds and connection.vendor in _NOW_SQL:  # the hot path's statements ask for it on every call
+        return _NOW_SQL[connection.vendor], []
     sql, params = Query(None).get_compiler(connection=connection).compile(DbNow(seconds))
+    if not seconds and not params:
+        _NOW_SQL[connection.vendor] = sql
     return sql, list(params)
+
+
+_NOW_SQL: dict[str, str] = {}
+
+
+def now_plus_seconds(using: str) -> str:
+    """The database clock plus ``%s`` seconds (a parameter), for a statement written once and run with many values.
+
+    Only the statements that exist where :func:`~django_dbqueue.db.capabilities.writable_ctes` holds use it.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        raise NotImplementedError(f"now_plus_seconds() is written for PostgreSQL only, not {connection.vendor}")
+    now, _ = compile_now(using)
+    return f"{now} + make_interval(secs => %s)"
 
 
 def db_now(using: str) -> datetime:
@@ -73,7 +92,12 @@ def db_now(using: str) -> datetime:
     with connections[using].cursor() as cursor:
         cursor.execute(f"SELECT {sql}", params)
         raw: datetime | str = cursor.fetchone()[0]
-    # SQLite answers with text.
+    return aware_clock(raw)
+
+
+def aware_clock(raw: datetime | str) -> datetime:
+    """A reading of the database's clock (``SELECT`` of :class:`DbNow`) as an aware UTC datetime."""
+    # SQLite answers with text; MySQL with a naive datetime in UTC.
     value = raw if isinstance(raw, datetime) else parse_datetime(raw)
     if value is None:
         raise ValueError(f"the database's clock read {raw!r}, which is not a time")

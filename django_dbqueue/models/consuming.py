@@ -102,9 +102,16 @@ class ConsumerActions:
         return done
 
     def snooze(  # type: ignore[misc]
-        self: Message, until: datetime | None = None, *, delay: float | timedelta | None = None
+        self: Message, until: datetime | None = None, *, delay: float | timedelta | None = None, count: bool = True
     ) -> bool:
-        """Put the message off to a later time without using an attempt."""
+        """Put the message off to a later time without using an attempt.
+
+        Each snooze counts as a deferral; past the queue's ``MAX_DEFERRALS``
+        the message is dead-lettered instead, with a reason that says so, so a
+        handler that always defers cannot keep it for ever. ``count=False`` is
+        for the queue's own waiting (``UNHANDLED = "keep"``), which is no
+        handler's decision.
+        """
         if (until is None) == (delay is None):
             raise InvalidOption("snooze needs exactly one of until or delay")
         when = (
@@ -112,11 +119,17 @@ class ConsumerActions:
             if until is not None
             else DbNow(validation.seconds(delay, "delay"))
         )
-        done = type(self).objects.update_leased(
-            self, "snooze", lease_token=None, available_at=when, attempts=F("attempts") - 1
-        )
+        changes: dict[str, Any] = {"lease_token": None, "available_at": when, "attempts": F("attempts") - 1}
+        if count:
+            refused = self.deferral_refused()
+            if refused is not None:
+                return self._finish(Outcome.DEAD, error=refused)
+            changes["deferrals"] = F("deferrals") + 1
+        done = type(self).objects.update_leased(self, "snooze", **changes)
         if done:
             self.lease_token = None
+            if count:
+                self.deferrals += 1
         return done
 
     def extend_lease(self: Message, seconds: float | timedelta) -> bool:  # type: ignore[misc]

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from ..db.clock import compile_now
+from ..db.capabilities import writable_ctes
+from ..db.clock import aware_clock, compile_now, now_plus_seconds
 from ..db.sql import insert_returns_ids, json_param
 
 if TYPE_CHECKING:
@@ -39,6 +41,7 @@ COPIED = (
     "expires_at",
     "attempts",
     "max_attempts",
+    "deferrals",
     "last_error",
     "replay_of",
 )
@@ -61,6 +64,23 @@ def archive_copies(
     """
     if not ids:
         return 0
+    sql, params = _archive_copy_sql(using, ids, outcome, worker, results, errors, MESSAGE_TABLE)
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        written: int = cursor.rowcount
+        return written
+
+
+def _archive_copy_sql(
+    using: str,
+    ids: list[int],
+    outcome: str,
+    worker: str,
+    results: Mapping[int, Any],
+    errors: Mapping[int, str] | None,
+    source: str,
+) -> tuple[str, list[Any]]:
+    """The ``INSERT ... SELECT`` of :func:`archive_copies`, reading rows ``ids`` of ``source``."""
     connection = connections[using]
     qn = connection.ops.quote_name
     now_sql, now_params = compile_now(using)
@@ -86,13 +106,66 @@ def archive_copies(
         f"({qn('message_id')}, {columns}, {qn('finished_at')}, {qn('outcome')}, {qn('finished_by')}, "
         f"{qn('result')}, {qn('replayed_by')}) "
         f"SELECT {qn('id')}, {copied}, {now_sql}, %s, {finished_by}, {result_sql}, '' "
-        f"FROM {qn(MESSAGE_TABLE)} WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))})"
+        f"FROM {qn(source)} WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))})"
     )
     params = [*error_params, *now_params, outcome, *([worker] if worker else []), *result_params, *ids]
+    return sql, params
+
+
+def ack_in_one_statement(using: str) -> bool:
+    """Whether :func:`ack_leased` acknowledges a batch in one statement here (PostgreSQL)."""
+    return writable_ctes(using)
+
+
+def _lease_match(using: str, leases: Mapping[str, list[int]]) -> tuple[str, list[Any]]:
+    """The lease guard (``lease_held``) of several tokens' messages, as SQL and parameters."""
+    qn = connections[using].ops.quote_name
+    now, _ = compile_now(using)
+    match, params = [], []
+    for token, ids in leases.items():
+        match.append(f"({qn('id')} IN ({', '.join(['%s'] * len(ids))}) AND {qn('lease_token')} = %s)")
+        params += [*ids, token]
+    return f"({' OR '.join(match)}) AND {qn('available_at')} > {now}", params
+
+
+def lock_leased(using: str, leases: Mapping[str, list[int]]) -> set[int]:
+    """Lock the messages whose lease holds (``SELECT ... FOR UPDATE``, inside the caller's transaction); their ids."""
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    where, params = _lease_match(using, leases)
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        written: int = cursor.rowcount
-        return written
+        cursor.execute(f"SELECT {qn('id')} FROM {qn(MESSAGE_TABLE)} WHERE {where}{lock}", params)
+        return {row[0] for row in cursor.fetchall()}
+
+
+def ack_leased(
+    using: str,
+    leases: Mapping[str, list[int]],
+    archived: list[int],
+    worker: str,
+    results: Mapping[int, Any],
+    errors: Mapping[int, str],
+) -> set[int]:
+    """PostgreSQL: delete the messages whose lease holds and archive those of ``archived``, in one statement.
+
+    ``leases`` maps each lease token to its message ids. The ``DELETE ...
+    RETURNING`` feeds the archive's ``INSERT`` in a ``WITH``: the copy is of
+    exactly the rows deleted, with no lock taken first and nothing able to
+    slip in between. Returns the ids whose lease held.
+    """
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    where, params = _lease_match(using, leases)
+    gone = f"DELETE FROM {qn(MESSAGE_TABLE)} WHERE {where} RETURNING {qn(MESSAGE_TABLE)}.*"
+    sql = f"WITH gone AS ({gone}) "
+    if archived:
+        copy_sql, copy_params = _archive_copy_sql(using, archived, "acked", worker, results, errors, "gone")
+        sql += f", copied AS ({copy_sql}) "
+        params += copy_params
+    with connection.cursor() as cursor:
+        cursor.execute(sql + f"SELECT {qn('id')} FROM gone", params)
+        return {row[0] for row in cursor.fetchall()}
 
 
 # Columns a producer's INSERT fills; the rest take their database defaults.
@@ -173,3 +246,229 @@ def distinct_leading(using: str, table: str, column: str) -> list[str]:
     with connections[using].cursor() as cursor:
         cursor.execute(sql)
         return [row[0] for row in cursor.fetchall()]
+
+
+# --- the worker's hot path: claim and finish in hand-written SQL ------------------------
+#
+# The ORM compiled the same claim and acknowledgement for every message and
+# built instances through its full machinery: in a profile of one worker that
+# was most of the Python time per message. These statements are fixed per
+# database and per batch size; rows become messages through the same
+# converters the ORM applies.
+
+
+def _message_reader(using: str) -> tuple[str, Any]:
+    """The live table's columns as a SELECT list, and a function turning one row of them into a Message."""
+    from .messages import Message
+
+    connection = connections[using]
+    key = connection.alias
+    cached = _READERS.get(key)
+    if cached is not None:
+        return cached
+    qn = connection.ops.quote_name
+    fields = Message._meta.concrete_fields
+    names = [f.attname for f in fields]
+    columns = [f.get_col(MESSAGE_TABLE) for f in fields]
+    converters = [
+        (i, [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)], col)
+        for i, col in enumerate(columns)
+    ]
+    converters = [(i, funcs, col) for i, funcs, col in converters if funcs]
+
+    def build(row: Any) -> Message:
+        values = list(row[: len(names)])
+        for i, funcs, col in converters:
+            for convert in funcs:
+                values[i] = convert(values[i], col, connection)
+        return Message.from_db(using, names, values)
+
+    reader = (", ".join(f"{qn(MESSAGE_TABLE)}.{qn(str(f.column))}" for f in fields), build)
+    _READERS[key] = reader
+    return reader
+
+
+_READERS: dict[str, tuple[str, Any]] = {}
+
+
+def _claimable_where(using: str) -> str:
+    """The claim's WHERE (``MessageQuerySet.claimable`` written out): params queue, then max_attempts."""
+    qn = connections[using].ops.quote_name
+    now, _ = compile_now(using)
+    t = qn(MESSAGE_TABLE)
+    return (
+        f"{t}.{qn('queue')} = %s AND {t}.{qn('available_at')} <= {now} "
+        f"AND ({t}.{qn('expires_at')} IS NULL OR {t}.{qn('expires_at')} > {now}) "
+        f"AND NOT ({t}.{qn('lease_token')} IS NOT NULL "
+        f"AND {t}.{qn('attempts')} >= COALESCE({t}.{qn('max_attempts')}, %s))"
+    )
+
+
+_STATEMENTS: dict[tuple[str, str, int], str] = {}
+
+
+def _statement(using: str, name: str, size: int, make: Any) -> str:
+    """The hot path's SQL ``name`` for ``size`` rows, written once per database alias: ``make(using, name, size)``."""
+    connection = connections[using]
+    key = (connection.alias, name, size)
+    sql = _STATEMENTS.get(key)
+    if sql is None:
+        sql = _STATEMENTS[key] = make(using, name, size)
+    return sql
+
+
+def _claim_sql(using: str, name: str, limit: int) -> str:
+    """PostgreSQL: the whole claim, parameters queue, max_attempts, token, seconds, worker; elsewhere its SELECT."""
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    columns, _ = _message_reader(using)
+    t = qn(MESSAGE_TABLE)
+    order = f"{qn('priority')}, {qn('available_at')}, {qn('id')}"
+    where = _claimable_where(using)
+    if writable_ctes(using):
+        return (
+            f"WITH picked AS MATERIALIZED (SELECT {qn('id')}, {qn('available_at')} AS was_available FROM {t} "
+            f"WHERE {where} ORDER BY {order} LIMIT {int(limit)} FOR UPDATE SKIP LOCKED) "
+            f"UPDATE {t} SET {qn('lease_token')} = %s, "
+            f"{qn('available_at')} = {now_plus_seconds(using)}, "
+            f"{qn('claimed_at')} = {compile_now(using)[0]}, {qn('claimed_by')} = %s, "
+            f"{qn('attempts')} = {t}.{qn('attempts')} + 1 "
+            f"FROM picked WHERE {t}.{qn('id')} = picked.{qn('id')} "
+            f"RETURNING {columns}, picked.was_available"
+        )
+    now, now_params = compile_now(using)
+    if now_params:
+        raise ValueError("the clock's SQL takes no parameters")
+    lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    return f"SELECT {columns}, {now} FROM {t} WHERE {where} ORDER BY {order} LIMIT {int(limit)}{lock}"
+
+
+def _lease_sql(using: str, name: str, count: int) -> str:
+    """The claim's UPDATE of ``count`` rows (not PostgreSQL): token, available_at, claimed_at, worker, ids."""
+    qn = connections[using].ops.quote_name
+    return (
+        f"UPDATE {qn(MESSAGE_TABLE)} SET {qn('lease_token')} = %s, {qn('available_at')} = %s, "
+        f"{qn('claimed_at')} = %s, {qn('claimed_by')} = %s, {qn('attempts')} = {qn('attempts')} + 1 "
+        f"WHERE {qn('id')} IN ({', '.join(['%s'] * count)})"
+    )
+
+
+def claim_is_one_statement(using: str) -> bool:
+    """Whether :func:`claim_rows` is a single statement here, atomic without a transaction around it."""
+    return writable_ctes(using)
+
+
+def claim_rows(
+    using: str, queue: str, limit: int, max_attempts: int, seconds: float, token: str, worker: str
+) -> list[Message]:
+    """Lease up to ``limit`` claimable messages of ``queue`` for ``seconds``; returns them in claim order.
+
+    PostgreSQL: one statement (``UPDATE ... FROM`` a ``SELECT ... FOR UPDATE
+    SKIP LOCKED`` in a ``WITH``), atomic without a transaction of its own.
+    Elsewhere: the SELECT and the UPDATE, and the caller runs them in one
+    transaction (:func:`~django_dbqueue.db.transactions.short_transaction`).
+    """
+    connection = connections[using]
+    _, build = _message_reader(using)
+    if writable_ctes(using):
+        sql = _statement(using, "claim", limit, _claim_sql)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [queue, max_attempts, token, seconds, worker])
+            rows = cursor.fetchall()
+        # RETURNING keeps no order: back to the claim's (priority, availability before the claim, id).
+        pairs = [(build(row), row[-1]) for row in rows]
+        pairs.sort(key=lambda pair: (pair[0].priority, pair[1], pair[0].pk))
+        return [message for message, _ in pairs]
+    adapt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        cursor.execute(_statement(using, "claim", limit, _claim_sql), [queue, max_attempts])
+        rows = cursor.fetchall()
+        if not rows:
+            return []
+        clock = aware_clock(rows[0][-1])
+        until = clock + timedelta(seconds=seconds)
+        ids = [row[0] for row in rows]
+        cursor.execute(
+            _statement(using, "lease", len(ids), _lease_sql), [token, adapt(until), adapt(clock), worker, *ids]
+        )
+    messages = [build(row) for row in rows]
+    for message in messages:
+        message.lease_token = token
+        message.available_at = until
+        message.claimed_at = clock
+        message.claimed_by = worker
+        message.attempts += 1
+    return messages
+
+
+# The archive row of finish_leased(): the live row's copied columns, then what finishing adds.
+ARCHIVED = ("message_id", *COPIED, "outcome", "finished_by", "result")
+JSON_COLUMNS = ("payload", "headers", "result")
+
+
+def finish_is_one_statement(using: str) -> bool:
+    """Whether :func:`finish_leased` is a single statement here, atomic without a transaction around it."""
+    return writable_ctes(using)
+
+
+def finish_leased(using: str, message: Message, outcome: str, row: Mapping[str, Any] | None) -> bool:
+    """Delete ``message`` while its holder's lease holds and, with ``row``, archive it; whether the lease held.
+
+    ``row`` holds the archive row's values that do not come from the
+    message (``outcome``, ``finished_by``, ``last_error``, ``result``, already
+    storable); the rest come from ``message``, as
+    :meth:`ArchivedMessage.from_live` takes them. PostgreSQL: one statement,
+    the archive ``INSERT`` fed by a ``DELETE ... RETURNING`` in a ``WITH``.
+    Elsewhere: the ``DELETE``, then the ``INSERT`` if it deleted a row; the
+    caller runs them in one transaction.
+    """
+    connection = connections[using]
+    guard_params = [message.pk, message.lease_token]
+    if row is None:
+        with connection.cursor() as cursor:
+            cursor.execute(_statement(using, "delete-leased", 1, _finish_sql), guard_params)
+            return bool(cursor.rowcount == 1)
+    adapt = connection.ops.adapt_datetimefield_value
+    result = row["result"]
+    values: dict[str, Any] = {column: getattr(message, column) for column in COPIED}
+    for column in ("created_at", "first_available_at", "claimed_at", "expires_at"):
+        values[column] = adapt(values[column])
+    values.update(
+        message_id=message.pk,
+        payload=json.dumps(message.payload),
+        headers=json.dumps(message.headers),
+        outcome=outcome,
+        finished_by=row["finished_by"],
+        last_error=row["last_error"],
+        result=None if result is None else json.dumps(result),
+    )
+    params = [values[c] for c in ARCHIVED]
+    with connection.cursor() as cursor:
+        if writable_ctes(using):
+            cursor.execute(_statement(using, "finish", 1, _finish_sql), [*guard_params, *params])
+            return bool(cursor.rowcount == 1)
+        cursor.execute(_statement(using, "delete-leased", 1, _finish_sql), guard_params)
+        if cursor.rowcount != 1:
+            return False
+        cursor.execute(_statement(using, "archive", 1, _finish_sql), params)
+        return True
+
+
+def _finish_sql(using: str, name: str, size: int) -> str:
+    """The statements of :func:`finish_leased`: ``delete-leased``, ``archive`` (values), ``finish`` (PostgreSQL)."""
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    now, _ = compile_now(using)
+    guard = f"{qn('id')} = %s AND {qn('lease_token')} = %s AND {qn('available_at')} > {now}"
+    delete = f"DELETE FROM {qn(MESSAGE_TABLE)} WHERE {guard}"
+    json_sql = json_param(using)
+    placeholders = ", ".join(json_sql if c in JSON_COLUMNS else "%s" for c in ARCHIVED)
+    names = ", ".join(qn(c) for c in ARCHIVED)
+    insert = f"INSERT INTO {qn(ARCHIVE_TABLE)} ({names}, {qn('finished_at')}, {qn('replayed_by')}) "
+    return {
+        "delete-leased": lambda: delete,
+        "archive": lambda: f"{insert}VALUES ({placeholders}, {now}, '')",
+        "finish": lambda: (
+            f"WITH gone AS ({delete} RETURNING {qn('id')}) {insert}SELECT {placeholders}, {now}, '' FROM gone"
+        ),
+    }[name]()
