@@ -40,6 +40,7 @@ from .db.stats import refresh_statistics
 from .db.transactions import write_transaction
 from .models import ArchivedMessage, Message, Outcome, Worker, events
 from .operations import finish
+from .progress import NullProgress, Progress
 
 logger = logging.getLogger("django_dbqueue")
 LOCK_NAME = "django_dbqueue.reaper"
@@ -74,9 +75,12 @@ class ReapReport:
 
 
 class Reaper:
-    def __init__(self, using: str = "default", batch_size: int | None = None) -> None:
+    """``progress``: where the pruning reports its progress (``reapqueue`` on a terminal); silent by default."""
+
+    def __init__(self, using: str = "default", batch_size: int | None = None, progress: Progress | None = None) -> None:
         self.using = using
         self.batch_size = batch_size or get_settings().reap_batch_size
+        self.progress = progress or NullProgress()
 
     def run_once(self) -> ReapReport | None:
         """One pass; None when another reaper holds the lock."""
@@ -89,7 +93,9 @@ class Reaper:
             report.expired += self.expire()
             report.pruned += self.prune()
             report.analyzed = refresh_statistics(self.using, Message._meta.db_table)
-            return report
+        if signals.reaper_passed.receivers:  # metrics (docs/metrics.md)
+            signals.reaper_passed.send_robust(Reaper, report=report, using=self.using)
+        return report
 
     def loop(
         self,
@@ -193,11 +199,18 @@ class Reaper:
         now = db_now(self.using)
         configured = dict(dbq.queues)
         # Each configured queue by its own retention; all others by the default.
-        targets = [(Q(queue=name), options.retention_days) for name, options in configured.items()]
-        targets.append((~Q(queue__in=list(configured)), dbq.defaults.retention_days))
+        retention = [(Q(queue=name), options.retention_days) for name, options in configured.items()]
+        retention.append((~Q(queue__in=list(configured)), dbq.defaults.retention_days))
+        targets = [(match, now - timedelta(days=days)) for match, days in retention if days is not None]
         archive = ArchivedMessage.objects.using(self.using)
-        return sum(
-            archive.prune(match, now - timedelta(days=days), self.batch_size)
-            for match, days in targets
-            if days is not None
-        )
+        progress = self.progress
+        if progress.active:  # counting what is to go costs a query per target: only when someone watches
+            total = sum(archive.prunable(match, before).count() for match, before in targets)
+            if total:
+                progress.start("pruning the archive", total=total)
+        try:
+            return sum(
+                archive.prune(match, before, self.batch_size, on_batch=progress.advance) for match, before in targets
+            )
+        finally:
+            progress.finish(keep=False)  # the pass's report says how many went

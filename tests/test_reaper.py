@@ -5,13 +5,16 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 from django.db import connection, connections
+from django.db.models import Q
 from django.utils import timezone
 
 import django_dbqueue
 from django_dbqueue.db.transactions import try_lock
 from django_dbqueue.models import ArchivedMessage, Message, Outcome, Worker
+from django_dbqueue.progress import progress_for
 from django_dbqueue.reaper import Reaper, lock_name
 from tests.support.factories import ArchivedMessageFactory, WorkerFactory
+from tests.support.terminal import SteppedClock, Terminal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,6 +82,47 @@ def test_prune_respects_each_queue_retention_in_batches(settings):
     assert ArchivedMessage.objects.filter(queue="q").get().pk == recent.pk
 
 
+def test_pruning_tells_each_batch_to_its_listener():
+    old = timezone.now() - timedelta(days=40)
+    ArchivedMessageFactory.create_batch(5, queue="q", finished_at=old)
+    ArchivedMessageFactory(queue="q")
+    batches = []
+    pruned = ArchivedMessage.objects.prune(Q(), timezone.now() - timedelta(days=30), 2, on_batch=batches.append)
+    assert (pruned, batches) == (5, [2, 2, 1])
+
+
+def test_pruning_reports_its_progress_against_the_count_to_go(settings):
+    settings.DBQUEUE = {**settings.DBQUEUE, "RETENTION_DAYS": 30}
+    ArchivedMessageFactory.create_batch(5, queue="q", finished_at=timezone.now() - timedelta(days=40))
+    out = Terminal()
+    # Each reading of the clock is a second later: every batch is drawn.
+    progress = progress_for(out, tty=True, clock=SteppedClock(auto=1), width=200)
+    assert Reaper(batch_size=2, progress=progress).run_once().pruned == 5
+    shown = out.getvalue().split("\r")
+    assert [line.rstrip() for line in shown if "rows (" in line] == [
+        "pruning the archive: [....................] 0/5 rows (0%)",
+        "pruning the archive: [########............] 2/5 rows (40%), 2 rows/s, 2s left",
+        "pruning the archive: [################....] 4/5 rows (80%), 2 rows/s, 1s left",
+        "pruning the archive: [####################] 5/5 rows (100%), 1.7 rows/s",
+    ]
+    assert out.lines() == [""]  # cleared at the end: the pass's report follows
+
+
+def test_reapqueue_shows_pruning_progress_on_a_terminal_and_nothing_with_v0(settings):
+    settings.DBQUEUE = {**settings.DBQUEUE, "RETENTION_DAYS": 30, "REAP_BATCH_SIZE": 2}
+    ArchivedMessageFactory.create_batch(5, queue="q", finished_at=timezone.now() - timedelta(days=40))
+    out = Terminal()
+    call_command("reapqueue", stdout=out)
+    assert "pruning the archive: [....................] 0/5 rows (0%)" in out.getvalue()
+    assert out.lines()[-2].endswith("5 archive row(s) pruned")
+    ArchivedMessageFactory.create_batch(5, queue="q", finished_at=timezone.now() - timedelta(days=40))
+    quiet = Terminal()
+    call_command("reapqueue", "-v0", stdout=quiet)
+    assert "pruning" not in quiet.getvalue()
+    assert quiet.getvalue().endswith("5 archive row(s) pruned\n")
+    assert ArchivedMessage.objects.count() == 0
+
+
 def test_only_one_reaper_acts_at_a_time():
     if connection.vendor == "sqlite":
         pytest.skip("SQLite has one writer at a time; there every reaper takes the lock")
@@ -108,9 +152,8 @@ def test_reapqueue_prints_what_it_did(capsys):
     assert "1 stale worker(s) removed, 0 message(s) released" in capsys.readouterr().out
 
 
-def test_the_loop_survives_a_failed_pass_and_stops_when_told(monkeypatch, caplog):
-    from django.db import OperationalError
-
+def _loop_after_a_failed_pass(monkeypatch, failure):
+    """Run Reaper.loop over one stale worker, the first pass raising ``failure``; stop after the first report."""
     WorkerFactory(stale=True)
     real_run_once = Reaper.run_once
     passes = []
@@ -118,7 +161,7 @@ def test_the_loop_survives_a_failed_pass_and_stops_when_told(monkeypatch, caplog
     def run_once(self):
         passes.append(len(passes))
         if len(passes) == 1:
-            raise OperationalError("the server went away")
+            raise failure
         return real_run_once(self)
 
     monkeypatch.setattr(Reaper, "run_once", run_once)
@@ -132,8 +175,24 @@ def test_the_loop_survives_a_failed_pass_and_stops_when_told(monkeypatch, caplog
     thread.start()
     thread.join(timeout=60)
     assert not thread.is_alive()
+    return reports
+
+
+def test_the_loop_survives_a_failed_pass_and_stops_when_told(monkeypatch, caplog):
+    from django.db import OperationalError
+
+    reports = _loop_after_a_failed_pass(monkeypatch, OperationalError("the server went away"))
     assert "reaper: a pass failed (the server went away)" in caplog.text
     assert [r.stale_workers for r in reports] == [1]  # the next pass did the work, then the loop stopped
+    assert not Worker.objects.exists()
+
+
+def test_the_loop_survives_any_failed_pass_and_logs_its_traceback(monkeypatch, caplog):
+    """Only database trouble used to be survived: any other error ended the loop, and with it --reap's worker."""
+    reports = _loop_after_a_failed_pass(monkeypatch, ZeroDivisionError("a bug in one pass"))
+    assert "reaper: a pass failed; trying again in 0.05s" in caplog.text
+    assert "Traceback (most recent call last)" in caplog.text and "ZeroDivisionError: a bug in one pass" in caplog.text
+    assert [r.stale_workers for r in reports] == [1]
     assert not Worker.objects.exists()
 
 
@@ -160,35 +219,6 @@ def test_reapqueue_loop_reports_passes_until_interrupted():
     assert first.startswith("1 stale worker(s) removed")
     assert not Worker.objects.exists()
     assert str(ReapReport()) not in rest.splitlines()  # passes that did nothing print nothing
-
-
-def test_the_loop_survives_any_failed_pass_and_logs_its_traceback(monkeypatch, caplog):
-    """Only database trouble used to be survived: any other error ended the loop, and with it --reap's worker."""
-    WorkerFactory(stale=True)
-    real_run_once = Reaper.run_once
-    passes = []
-
-    def run_once(self):
-        passes.append(len(passes))
-        if len(passes) == 1:
-            raise ZeroDivisionError("a bug in one pass")
-        return real_run_once(self)
-
-    monkeypatch.setattr(Reaper, "run_once", run_once)
-    stop, reports = threading.Event(), []
-
-    def on_report(report):
-        reports.append(report)
-        stop.set()
-
-    thread = threading.Thread(target=Reaper().loop, args=(stop, 0.05, on_report))
-    thread.start()
-    thread.join(timeout=60)
-    assert not thread.is_alive()
-    assert "reaper: a pass failed; trying again in 0.05s" in caplog.text
-    assert "Traceback (most recent call last)" in caplog.text and "ZeroDivisionError: a bug in one pass" in caplog.text
-    assert [r.stale_workers for r in reports] == [1]
-    assert not Worker.objects.exists()
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "1e12"])

@@ -50,20 +50,30 @@ class ArchivedMessageQuerySet(models.QuerySet[Row]):
     def cancelled(self) -> Self:
         return self.filter(outcome=Outcome.CANCELLED)
 
-    def prune(self, match: Q, before: datetime, batch_size: int) -> int:
+    def prunable(self, match: Q, before: datetime) -> Self:
+        """The rows :meth:`prune` deletes (counted for a progress bar's total)."""
+        return self.filter(match, finished_at__lt=before)
+
+    def prune(
+        self, match: Q, before: datetime, batch_size: int, on_batch: Callable[[int], object] | None = None
+    ) -> int:
         """Delete rows matching ``match`` that finished before ``before``, ``batch_size`` at a time.
 
-        Small batches, so that no statement holds locks for long.
+        Small batches, so that no statement holds locks for long. ``on_batch``
+        hears how many rows each batch deleted (``reapqueue``'s progress).
         """
-        old = self.filter(match, finished_at__lt=before)
+        old = self.prunable(match, before)
         total = 0
         while True:
             ids = list(old.order_by("finished_at").values_list("pk", flat=True)[:batch_size])
             if not ids:
                 return total
-            total += with_retries(
+            deleted = with_retries(
                 self.db, partial(self.filter(pk__in=ids)._raw_delete, self.db), what="archive pruning"
             )
+            total += deleted
+            if on_batch is not None:
+                on_batch(deleted)
 
     def replay(
         self, pk: int, build: Callable[[ArchivedMessage], Message], *, by: str = "", force: bool = False
@@ -130,6 +140,7 @@ class ArchivedMessage(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveSmallIntegerField(null=True, blank=True)
+    deferrals = models.PositiveIntegerField(default=0, db_default=0, help_text="Times it was put off (Defer, snooze).")
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     finished_by = models.CharField(max_length=255, blank=True, default="", help_text="The worker that finished it.")
     last_error = models.TextField(blank=True, default="")
@@ -193,6 +204,7 @@ class ArchivedMessage(models.Model):
             expires_at=message.expires_at,
             attempts=message.attempts,
             max_attempts=message.max_attempts,
+            deferrals=message.deferrals,
             outcome=outcome,
             finished_by=worker or message.claimed_by,
             last_error=storable_text(error),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_dbqueue.management.arguments import add_database_argument, positive_float
+from django_dbqueue.management.progress import command_progress
+from django_dbqueue.management.stopping import stop_on_signals
 from django_dbqueue.reaper import Reaper, ReapReport
 
 
@@ -22,15 +23,16 @@ class Command(BaseCommand):
         add_database_argument(parser, "The database to reap")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        reaper = Reaper(using=options["database"])
+        # Pruning a large archive takes a while: a bar on a terminal (none with -v0).
+        reaper = Reaper(using=options["database"], progress=command_progress(self.stdout, options["verbosity"]))
         if not options["loop"]:
             report = reaper.run_once()
             self.stdout.write("another reaper holds the lock; nothing done" if report is None else str(report))
             return
-        try:
-            reaper.loop(threading.Event(), options["interval"], on_report=self.print_report)
-        except KeyboardInterrupt:
-            return
+        # SIGTERM/SIGINT end the loop after the pass under way (a KeyboardInterrupt in the middle
+        # of a pass could leave the reaper's lock held by a process that no longer loops).
+        with stop_on_signals() as stop:
+            reaper.loop(stop, options["interval"], on_report=self.print_report)
 
     def print_report(self, report: ReapReport) -> None:
         self.stdout.write(str(report))
