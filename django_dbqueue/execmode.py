@@ -101,15 +101,18 @@ class ExecHandler:
         background child that keeps the pipes open does not hold the message.
         """
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        tails = {process.stdout: out, process.stderr: err}
+        stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
+        if stdin is None or stdout is None or stderr is None:  # Popen was given PIPE for all three
+            raise RuntimeError("the command's pipes were not opened")
         pending = memoryview(payload)
         with selectors.DefaultSelector() as selector:
-            for pipe in tails:
-                os.set_blocking(pipe.fileno(), False)  # type: ignore[union-attr]
-                selector.register(pipe, selectors.EVENT_READ)  # type: ignore[arg-type]
-            os.set_blocking(process.stdin.fileno(), False)  # type: ignore[union-attr]
-            selector.register(process.stdin, selectors.EVENT_WRITE)  # type: ignore[arg-type]
-            exited_at = None
+            # Each key carries the Tail its pipe feeds; stdin carries None.
+            for pipe, kept in ((stdout, out), (stderr, err)):
+                os.set_blocking(pipe.fileno(), False)
+                selector.register(pipe, selectors.EVENT_READ, kept)
+            os.set_blocking(stdin.fileno(), False)
+            selector.register(stdin, selectors.EVENT_WRITE, None)
+            exited_at: float | None = None
             try:
                 while selector.get_map():
                     now = time.monotonic()
@@ -120,31 +123,31 @@ class ExecHandler:
                     if exited_at is None and deadline is not None and now >= deadline:
                         return False
                     for key, _ in selector.select(timeout=0.05):
-                        pipe = key.fileobj
-                        if pipe is process.stdin:
+                        tail: Tail | None = key.data
+                        if tail is None:  # stdin is writable
                             try:
-                                written = os.write(pipe.fileno(), pending[:65536])  # type: ignore[union-attr]
+                                written = os.write(key.fd, pending[:65536])
                             except BlockingIOError:
                                 continue
                             except BrokenPipeError:
                                 written = len(pending)  # it exited or closed stdin unread: its status tells
                             pending = pending[written:]
                             if not pending:
-                                selector.unregister(pipe)
-                                pipe.close()  # type: ignore[union-attr]
+                                selector.unregister(stdin)
+                                stdin.close()
                             continue
                         try:
-                            chunk = os.read(pipe.fileno(), 65536)  # type: ignore[union-attr]
+                            chunk = os.read(key.fd, 65536)
                         except BlockingIOError:
                             continue
                         if chunk:
-                            tails[pipe].add(chunk)
+                            tail.add(chunk)
                         else:
-                            selector.unregister(pipe)
+                            selector.unregister(key.fileobj)
             finally:
-                for pipe in (process.stdin, process.stdout, process.stderr):
+                for pipe in (stdin, stdout, stderr):
                     with contextlib.suppress(OSError, ValueError):
-                        pipe.close()  # type: ignore[union-attr]
+                        pipe.close()
         if exited_at is None:  # every pipe closed before the command exited: wait for it, within the timeout
             try:
                 process.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))

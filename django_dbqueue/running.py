@@ -6,7 +6,8 @@ of rules (formerly ``django_dbqueue.dispatch``):
 
 - the handler returns: ack (its JSON return value is kept as the result);
 - it raises ``Reject``: dead letter now; ``Retry``: back after the delay;
-  ``Defer``: put off without counting a failure;
+  ``Defer``: put off without counting a failure (dead past the queue's
+  ``MAX_DEFERRALS``);
 - it raises anything else: fail (retry with backoff, dead when attempts run out);
 - there is no handler: dead letter naming the queue and kind, or, with the
   queue's ``UNHANDLED = "keep"``, back in the queue for a handler to come.
@@ -19,11 +20,13 @@ others can now read (the Tasks backend sends ``task_finished`` this way).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from . import signals
 from .conf import get_settings, queue_options
 from .exceptions import NotClaimed
 from .handlers import Defer, Handler, Reject, Retry, find_handler
@@ -80,10 +83,27 @@ class Verdict:
 
 
 def decide(message: Message, *, worker: str = "", handler: Handler | None = None) -> Verdict:
-    """Run the handler (``handler`` overrides the registry, as exec mode does)."""
+    """Run the handler (``handler`` overrides the registry, as exec mode does).
+
+    With receivers of ``handler_started``/``handler_finished`` connected
+    (metrics, tracing), they hear of the run; without, the cost is one test.
+    """
     handler = handler or find_handler(message.queue, message.kind)
     if handler is None:
         return _unhandled(message)
+    if not (signals.handler_started.receivers or signals.handler_finished.receivers):
+        return _run(message, handler, worker)
+    signals.handler_started.send_robust(Message, message=message, worker=worker)
+    started = time.perf_counter()
+    verdict = _run(message, handler, worker)
+    duration = time.perf_counter() - started
+    signals.handler_finished.send_robust(
+        Message, message=message, worker=worker, outcome=verdict.outcome, duration=duration
+    )
+    return verdict
+
+
+def _run(message: Message, handler: Handler, worker: str) -> Verdict:
     after_record = getattr(handler, "after_record", None)
     verdict = partial(Verdict, recorded=partial(after_record, message) if after_record else None)
     try:
@@ -97,6 +117,9 @@ def decide(message: Message, *, worker: str = "", handler: Handler | None = None
             return verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=reason))
         return verdict(HandlerOutcome.RETRIED, partial(message.reject, delay=exc.delay, reason=reason))
     except Defer as exc:
+        refused = message.deferral_refused()
+        if refused is not None:  # past the queue's MAX_DEFERRALS: dead, as a Retry with no attempts left
+            return verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=refused))
         return verdict(HandlerOutcome.DEFERRED, partial(message.snooze, exc.until, delay=exc.delay))
     except Exception as exc:
         logger.debug("message %s of %s failed: %r", message.pk, message.queue, exc)
@@ -113,5 +136,7 @@ def _unhandled(message: Message) -> Verdict:
     reason = f"no handler for queue {message.queue!r}, kind {message.kind!r}"
     if queue_options(message.queue).unhandled == "keep":
         # Leave it for a worker that has the handler; look again after a poll.
-        return Verdict(HandlerOutcome.UNHANDLED, partial(message.snooze, delay=get_settings().max_poll_interval))
+        return Verdict(
+            HandlerOutcome.UNHANDLED, partial(message.snooze, delay=get_settings().max_poll_interval, count=False)
+        )
     return Verdict(HandlerOutcome.UNHANDLED, partial(message.reject, requeue=False, reason=reason))

@@ -23,12 +23,17 @@ JSON_SCALARS = (str, int, float, bool, type(None))
 
 def queue_name_problem(name: Any, what: str = "queue") -> str | None:
     """Why ``name`` is not a valid queue name (``what="topic"``: topic name), or None."""
+    return name_problem(name, what, QUEUE_NAME_MAX_LENGTH)
+
+
+def name_problem(name: Any, what: str, max_length: int) -> str | None:
+    """Why ``name`` is not a valid name of a queue, topic or schedule (they share one alphabet), or None."""
     if not isinstance(name, str):
         return f"a {what} name must be a string, not {type(name).__name__}"
     if not name:
         return f"a {what} name must not be empty"
-    if len(name) > QUEUE_NAME_MAX_LENGTH:
-        return f"{what} name {name[:20]!r}... is {len(name)} characters; the limit is {QUEUE_NAME_MAX_LENGTH}"
+    if len(name) > max_length:
+        return f"{what} name {name[:20]!r}... is {len(name)} characters; the limit is {max_length}"
     if not QUEUE_NAME_RE.fullmatch(name):
         return (
             f"{what} name {name!r} may only hold letters, digits and '_', '.', ':', '-', "

@@ -36,20 +36,14 @@ class EditAndReplayForm(forms.Form):
             ) from exc
 
 
+# The columns that say which message a row of the archive (or of its dead letters) is.
+IDENTITY_COLUMNS = ["id", "message_id", "queue_shown", "kind_shown", "key_shown"]
+
+
 class ArchiveAdmin(ReadOnlyQueueAdmin[ArchivedMessage]):
     """History: every finished message. Replay works on dead, expired and cancelled rows."""
 
-    list_display = [
-        "id",
-        "message_id",
-        "queue_shown",
-        "kind_shown",
-        "key_shown",
-        "outcome",
-        "attempts",
-        "finished_at",
-        "replayed",
-    ]
+    list_display = [*IDENTITY_COLUMNS, "outcome", "attempts", "finished_at", "replayed"]
     list_filter = [QueueFilter, KindFilter, "outcome", "finished_at"]
     id_fields = ("id", "message_id")
     actions = ["replay", "replay_forced"]
@@ -57,7 +51,7 @@ class ArchiveAdmin(ReadOnlyQueueAdmin[ArchivedMessage]):
     change_form_template = "admin/django_dbqueue/archivedmessage/change_form.html"
     fields = [
         ("id", "message_id", "queue_shown", "kind_shown", "key_shown"),
-        ("outcome", "priority", "attempts", "max_attempts"),
+        ("outcome", "priority", "attempts", "max_attempts", "deferrals"),
         ("created_at", "first_available_at", "claimed_at", "finished_at", "expires_at"),
         ("finished_by", "replay_of"),
         ("replayed_at", "replayed_by", "replayed"),
@@ -114,17 +108,7 @@ admin.site.register(ArchivedMessage, ArchiveAdmin)
 class DeadLetterAdmin(ArchiveAdmin):
     """The archive's dead rows: inspect, edit and replay, purge."""
 
-    list_display = [
-        "id",
-        "message_id",
-        "queue_shown",
-        "kind_shown",
-        "key_shown",
-        "attempts",
-        "error",
-        "finished_at",
-        "replayed",
-    ]
+    list_display = [*IDENTITY_COLUMNS, "attempts", "error", "finished_at", "replayed"]
     list_filter = [QueueFilter, KindFilter, "finished_at"]
     actions = ["replay", "replay_forced", "purge"]
     object_actions = {"replay": "replay", "replay-forced": "replay_forced", "purge": "purge"}

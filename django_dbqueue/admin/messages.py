@@ -42,7 +42,7 @@ class MessageAdmin(ReadOnlyQueueAdmin[Message]):
     change_form_template = "admin/django_dbqueue/message/change_form.html"
     fields = [
         ("id", "queue_shown", "kind_shown", "key_shown"),
-        ("state", "priority", "attempts", "max_attempts"),
+        ("state", "priority", "attempts", "max_attempts", "deferrals"),
         ("created_at", "first_available_at", "available_at", "expires_at"),
         ("claimed_by", "claimed_at"),
         "replay_of",

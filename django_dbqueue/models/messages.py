@@ -9,6 +9,7 @@ lease is given back, how a message moves to the archive.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import uuid
@@ -22,16 +23,28 @@ from django.db import IntegrityError, models
 from django.db.models import Case, Count, F, Min, Q, Value, When
 from django.db.models.functions import Coalesce
 
-from .. import signals, validation
+from .. import propagation, signals, validation
 from ..conf import database_for, get_settings, queue_options
 from ..db.clock import DbNow, db_now, insert_returns_expressions
 from ..db.errors import with_retries
-from ..db.transactions import write_transaction
+from ..db.transactions import short_transaction, write_transaction
 from ..exceptions import InvalidOption, NotClaimed, UnknownOption
 from . import events
 from .archive import ArchivedMessage, Outcome
 from .consuming import ConsumerActions
-from .statements import MESSAGE_TABLE, archive_copies, distinct_leading, insert_messages
+from .statements import (
+    MESSAGE_TABLE,
+    ack_in_one_statement,
+    ack_leased,
+    archive_copies,
+    claim_is_one_statement,
+    claim_rows,
+    distinct_leading,
+    finish_is_one_statement,
+    finish_leased,
+    insert_messages,
+    lock_leased,
+)
 
 
 class MessageState(models.TextChoices):
@@ -116,6 +129,8 @@ def build_message(queue: str, payload: Any, options: dict[str, Any]) -> tuple[Me
     )
     if run_at is not None:
         message.available_at = message.first_available_at = run_at
+    if propagation.hooks:  # trace context and the like (docs/tracing.md)
+        message.headers = propagation.outgoing(message.queue, message.kind, message.headers)
     return message, None if delay is None else validation.seconds(delay, "delay")
 
 
@@ -412,41 +427,19 @@ class MessageQuerySet(models.QuerySet["Message"]):
         return claimed
 
     def _claim(self, queues: list[str], limit: int, timeout: float | None, worker: str) -> list[Message]:
+        """One transaction (on PostgreSQL one statement per queue): see :func:`.statements.claim_rows`."""
         claimed: list[Message] = []
-        with write_transaction(self.db):
+        token = uuid.uuid4().hex
+        # One statement is a transaction of its own; several are wrapped in one.
+        alone = len(queues) == 1 and claim_is_one_statement(self.db)
+        with contextlib.nullcontext() if alone else short_transaction(self.db):
             for name in queues:
                 wanted = limit - len(claimed)
                 if wanted <= 0:
                     break
-                claimed += list(
-                    self.select_for_update(skip_locked=True)
-                    .filter(queue=name)
-                    .claimable(queue_options(name).max_attempts)
-                    .annotate(db_now=DbNow())
-                    .order_by("priority", "available_at", "id")[:wanted]
-                )
-            if not claimed:
-                return []
-            now: datetime = claimed[0].db_now  # type: ignore[attr-defined]  # annotated by the SELECT above
-            token = uuid.uuid4().hex
-            by_timeout: dict[float, list[int]] = defaultdict(list)
-            for message in claimed:
-                by_timeout[timeout or queue_options(message.queue).visibility_timeout].append(message.pk)
-            for seconds, ids in by_timeout.items():
-                self.filter(pk__in=ids).update(
-                    lease_token=token,
-                    available_at=now + timedelta(seconds=seconds),
-                    claimed_at=now,
-                    claimed_by=worker,
-                    attempts=F("attempts") + 1,
-                )
-        for message in claimed:
-            seconds = timeout or queue_options(message.queue).visibility_timeout
-            message.lease_token = token
-            message.available_at = now + timedelta(seconds=seconds)
-            message.claimed_at = now
-            message.claimed_by = worker
-            message.attempts += 1
+                options = queue_options(name)
+                seconds = timeout or options.visibility_timeout
+                claimed += claim_rows(self.db, name, wanted, options.max_attempts, seconds, token, worker)
         return claimed
 
     def update_leased(self, message: Message, what: str, **changes: Any) -> bool:
@@ -485,6 +478,8 @@ class MessageQuerySet(models.QuerySet["Message"]):
         (None when archiving is off for an acked message).
         """
         using = message._state.db or "default"
+        if match == "lease" and not events.listened(events.signal_of(outcome)):
+            return self._finish_quietly(message, outcome, row), None
         guard = {
             "lease": lambda: self.using(using).leased(message),
             "token": lambda: self.using(using).filter(pk=message.pk, lease_token=message.lease_token),
@@ -505,6 +500,33 @@ class MessageQuerySet(models.QuerySet["Message"]):
 
         done = with_retries(using, run, what=f"{outcome} message {message.pk}")
         return done, (archived[0] if archived and done else None)
+
+    def _finish_quietly(self, message: Message, outcome: str, row: Mapping[str, Any]) -> bool:
+        """:meth:`finish` under the lease with nobody listening: hand-written, no archive row object built.
+
+        The row written is the one :meth:`ArchivedMessage.from_live` makes.
+        """
+        using = message._state.db or "default"
+        held_token(message)
+        archived: dict[str, Any] | None = None
+        if outcome != Outcome.ACKED or queue_options(message.queue).archive:
+            kept, why = validation.storable_result(row.get("result"))
+            error = row.get("error")
+            error = message.last_error if error is None else error
+            if why is not None:
+                error = f"{error}\nresult not kept: {why}".strip()
+            archived = {
+                "finished_by": row.get("worker") or message.claimed_by,
+                "last_error": validation.storable_text(error),
+                "result": kept,
+            }
+        one_statement = archived is None or finish_is_one_statement(using)
+
+        def run() -> bool:
+            with contextlib.nullcontext() if one_statement else short_transaction(using):
+                return finish_leased(using, message, outcome, archived)
+
+        return with_retries(using, run, what=f"{outcome} message {message.pk}")
 
     def ack_many(
         self, messages: Iterable[Message], *, worker: str | None = None, results: Mapping[int, Any] | None = None
@@ -534,9 +556,6 @@ class MessageQuerySet(models.QuerySet["Message"]):
         tokens: dict[str, list[int]] = defaultdict(list)
         for message in messages:
             tokens[held_token(message)].append(message.pk)  # refuses a message never claimed
-        match = Q()
-        for token, ids in tokens.items():
-            match |= lease_held(token, ids)
         kept: dict[int, Any] = {}
         notes: dict[int, str] = {}
         for message in messages:
@@ -546,9 +565,15 @@ class MessageQuerySet(models.QuerySet["Message"]):
             elif value is not None:
                 kept[message.pk] = value
 
+        if ack_in_one_statement(using):
+            archived = [m.pk for m in messages if queue_options(m.queue).archive]
+            return with_retries(
+                using, lambda: ack_leased(using, tokens, archived, worker, kept, notes), what="ack_many"
+            )
+
         def run() -> set[int]:
-            with write_transaction(using):
-                owned = set(self.select_for_update().filter(match).values_list("pk", flat=True))
+            with short_transaction(using):
+                owned = lock_leased(using, tokens)
                 if not owned:
                     return owned
                 archived = [m.pk for m in messages if m.pk in owned and queue_options(m.queue).archive]
@@ -611,6 +636,9 @@ class Message(ConsumerActions, models.Model):
     max_attempts = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="Empty: the queue's MAX_ATTEMPTS setting."
     )
+    deferrals = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="Times it was put off (Defer, snooze); capped by MAX_DEFERRALS."
+    )
     last_error = models.TextField(blank=True, default="", db_default="")
     replay_of = models.BigIntegerField(null=True, blank=True, help_text="The archived (dead) message this one replays.")
 
@@ -661,6 +689,13 @@ class Message(ConsumerActions, models.Model):
         the same rule in SQL, for the claim and the reaper.
         """
         return self.attempts < self.max_attempts_allowed()
+
+    def deferral_refused(self) -> str | None:
+        """Why one more deferral would pass the queue's MAX_DEFERRALS (the dead letter's reason), else None."""
+        cap = queue_options(self.queue).max_deferrals
+        if self.deferrals < cap:
+            return None
+        return f"deferred {self.deferrals} times; the queue's MAX_DEFERRALS is {cap}"
 
     def defer(self, until: datetime | None = None, *, delay: float | timedelta | None = None) -> bool:
         """Deprecated alias of :meth:`snooze` (``defer`` is also the name of Django's ``QuerySet.defer``)."""

@@ -10,11 +10,11 @@ This module sits at the bottom of the layers beside ``conf`` and
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from .. import validation
 from ..exceptions import DbQueueError
 from ..validation import (
     MAX_DELAY_SECONDS,
@@ -29,7 +29,6 @@ from .policy import CATCH_UP_POLICIES, LATEST
 from .timing import Cron, Interval, Timing, cron_problem, timezone_problem
 
 NAME_MAX_LENGTH = 100
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]*")
 CATCH_UP_LIMIT_MAX = 1000
 DEFAULT_CATCH_UP_LIMIT = 10
 GRACE_CAP = 60.0  # seconds: the default grace is the shorter of this and the interval
@@ -85,16 +84,7 @@ class ScheduleSpec:
 
 
 def name_problem(name: Any) -> str | None:
-    if not isinstance(name, str) or not name:
-        return f"a schedule name must be a non-empty string, not {name!r}"
-    if len(name) > NAME_MAX_LENGTH:
-        return f"schedule name {name[:20]!r}... is {len(name)} characters; the limit is {NAME_MAX_LENGTH}"
-    if not NAME_RE.fullmatch(name):
-        return (
-            f"schedule name {name!r} may only hold letters, digits and '_', '.', ':', '-', "
-            "and must start with a letter or digit"
-        )
-    return None
+    return validation.name_problem(name, "schedule", NAME_MAX_LENGTH)
 
 
 def _seconds(value: Any) -> float | None:
