@@ -49,6 +49,19 @@ message_replayed = Signal()
 #: An operator cancelled a live message. Extra: ``archived``, ``by``.
 message_cancelled = Signal()
 
+# Signals of the running of handlers and of the reaper, for metrics and
+# tracing (docs/metrics.md). Sent in the process that does the work, at
+# once (no transaction to wait for), only when a receiver is connected.
+
+#: A handler is about to run ``message`` (sender: Message). Extra: ``worker``.
+handler_started = Signal()
+#: A handler returned or raised (sender: Message); its outcome is not written yet.
+#: Extra: ``worker``, ``outcome`` (a HandlerOutcome), ``duration`` (seconds).
+handler_finished = Signal()
+#: A reaper pass that held the lock (sender: the Reaper class). Extra: ``report``
+#: (a ReapReport: stale_workers, released, poison, expired, pruned), ``using``.
+reaper_passed = Signal()
+
 SIGNALS = {
     "enqueued": message_enqueued,
     "claimed": message_claimed,

@@ -1,4 +1,6 @@
 from django.contrib import admin
 from django.urls import path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from django_dbqueue import metrics
+
+urlpatterns = [path("admin/", admin.site.urls), path("metrics", metrics.view)]

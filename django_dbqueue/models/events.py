@@ -99,8 +99,8 @@ def failed(message: Message, error: str, delay: float) -> None:
         send(signals.message_failed, message._state.db or "default", [event])
 
 
-def finished(message: Message, outcome: str, archived: ArchivedMessage | None, row: dict[str, Any]) -> None:
-    """The signal of ``outcome`` (acked, dead, expired, cancelled) for one message."""
+def signal_of(outcome: str) -> Signal:
+    """The signal a message finishing with ``outcome`` (acked, dead, expired, cancelled) sends."""
     from .archive import Outcome
 
     by_outcome: dict[str, Signal] = {
@@ -109,7 +109,14 @@ def finished(message: Message, outcome: str, archived: ArchivedMessage | None, r
         Outcome.EXPIRED: signals.message_expired,
         Outcome.CANCELLED: signals.message_cancelled,
     }
-    signal = by_outcome[outcome]
+    return by_outcome[outcome]
+
+
+def finished(message: Message, outcome: str, archived: ArchivedMessage | None, row: dict[str, Any]) -> None:
+    """The signal of ``outcome`` (acked, dead, expired, cancelled) for one message."""
+    from .archive import Outcome
+
+    signal = signal_of(outcome)
     if not listened(signal):
         return
     using = message._state.db or "default"

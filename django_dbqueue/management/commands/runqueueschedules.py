@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_dbqueue.exceptions import DbQueueError
 from django_dbqueue.management.arguments import positive_float
+from django_dbqueue.management.stopping import stop_on_signals
 from django_dbqueue.schedules.scheduler import Scheduler
 
 
@@ -35,18 +33,6 @@ class Command(BaseCommand):
                 return
         except DbQueueError as exc:
             raise CommandError(str(exc)) from exc
-        stop = threading.Event()
-        signalled: list[int] = []
-
-        def on_signal(signum: int, frame: Any) -> None:
-            if signalled:  # a second signal: at once (a pass holds no lease; its transaction just rolls back)
-                os._exit(4)
-            signalled.append(signum)
-            stop.set()
-
-        previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        # A second signal exits at once: a pass holds no lease, its transaction just rolls back.
+        with stop_on_signals() as stop:
             scheduler.loop(stop, max_runtime=options["max_runtime"])
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)

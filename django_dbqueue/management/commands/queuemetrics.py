@@ -1,0 +1,44 @@
+"""``manage.py queuemetrics --port``: the Prometheus exposition on a port of its own, for workers' hosts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_dbqueue.management.arguments import add_database_argument
+from django_dbqueue.management.stopping import stop_on_signals
+
+
+class Command(BaseCommand):
+    help = (
+        "Serve the queue's Prometheus metrics over HTTP: the database's (depth, oldest ready age) and, with "
+        "PROMETHEUS_MULTIPROC_DIR set as for the workers, every worker process's counters (docs/metrics.md)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--port", type=int, required=True, help="The port to listen on.")
+        parser.add_argument("--addr", default="0.0.0.0", help="The address to listen on (default: all).")
+        add_database_argument(parser, "The queue database to read depth and ages from")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            from prometheus_client import start_http_server
+
+            from django_dbqueue.metrics.exposition import build_registry
+        except ImportError as exc:
+            raise CommandError(
+                f"queuemetrics needs prometheus_client: pip install 'django-dbqueue[metrics]' ({exc})"
+            ) from exc
+        port = options["port"]
+        if not 0 < port < 65536:
+            raise CommandError(f"--port must be from 1 to 65535, not {port}")
+        with stop_on_signals() as stop:
+            server, thread = start_http_server(
+                port, options["addr"], registry=build_registry(options["database"], own_thread=True)
+            )
+            self.stdout.write(f"serving metrics on http://{options['addr']}:{port}/metrics", ending="\n")
+            self.stdout.flush()
+            stop.wait()
+            server.shutdown()
+            thread.join()

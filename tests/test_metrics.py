@@ -1,0 +1,273 @@
+"""Prometheus metrics: the counters fed by signals, the database's gauges, the view, and a real Prometheus."""
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import urllib.parse
+import urllib.request
+
+import pytest
+from prometheus_client import REGISTRY
+
+import django_dbqueue
+from django_dbqueue import handlers, metrics
+from django_dbqueue.metrics import database, labels
+from django_dbqueue.models import Message
+from django_dbqueue.reaper import Reaper
+from django_dbqueue.running import process
+from django_dbqueue.worker import ExitStatus
+from tests.support.processes import ROOT, start_command, start_worker, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def counting():
+    """Metrics on in this process for one test; the database's reading is not cached across tests."""
+    database._cache.clear()
+    metrics.enable()
+    yield
+    metrics.disable()
+    database._cache.clear()
+
+
+def sample(name, **labels_):
+    return REGISTRY.get_sample_value(name, labels_) or 0.0
+
+
+@pytest.fixture
+def jobs():
+    handlers.handler("m-jobs")(lambda message: 1 / message.payload["n"])
+    yield
+    handlers.unregister("m-jobs", None)
+
+
+def test_counters_and_histograms_follow_what_happens(counting, jobs, settings):
+    settings.DBQUEUE = {"BACKOFF_BASE": 0}
+    before = {
+        name: sample(name, queue="m-jobs", kind="k")
+        for name in (
+            "dbqueue_messages_enqueued_total",
+            "dbqueue_messages_acked_total",
+            "dbqueue_messages_failed_total",
+            "dbqueue_messages_dead_total",
+        )
+    }
+    durations = sample("dbqueue_handler_duration_seconds_count", queue="m-jobs", kind="k", outcome="acked")
+    waits = sample("dbqueue_claim_to_start_seconds_count", queue="m-jobs")
+    django_dbqueue.enqueue_many("m-jobs", [{"n": 1}, {"n": 2}], kind="k")
+    django_dbqueue.enqueue("m-jobs", {"n": 0}, kind="k", max_attempts=2)
+    while claimed := Message.objects.claim("m-jobs"):
+        process(claimed[0])
+    after = {name: sample(name, queue="m-jobs", kind="k") for name in before}
+    assert {name: after[name] - before[name] for name in before} == {
+        "dbqueue_messages_enqueued_total": 3,
+        "dbqueue_messages_acked_total": 2,
+        "dbqueue_messages_failed_total": 1,  # the first attempt of n=0, put back
+        "dbqueue_messages_dead_total": 1,  # its second
+    }
+    assert sample("dbqueue_handler_duration_seconds_count", queue="m-jobs", kind="k", outcome="acked") == durations + 2
+    assert sample("dbqueue_claim_to_start_seconds_count", queue="m-jobs") == waits + 4
+    assert sample("dbqueue_handlers_in_flight", queue="m-jobs") == 0
+
+
+def test_reaper_actions_are_counted(counting):
+    django_dbqueue.enqueue("m-exp", {}, expires_at=django_dbqueue_now_value())
+    before = sample("dbqueue_reaper_actions_total", action="expired")
+    assert Reaper().run_once().expired == 1
+    assert sample("dbqueue_reaper_actions_total", action="expired") == before + 1
+
+
+def django_dbqueue_now_value():
+    from django_dbqueue.db.clock import db_now
+
+    return db_now("default")
+
+
+def test_nothing_is_counted_unless_enabled(jobs):
+    before = sample("dbqueue_messages_enqueued_total", queue="m-jobs", kind="")
+    django_dbqueue.enqueue("m-jobs", {"n": 1})
+    assert sample("dbqueue_messages_enqueued_total", queue="m-jobs", kind="") == before
+
+
+def test_the_view_shows_depth_and_oldest_age_from_the_database(client, counting):
+    django_dbqueue.enqueue_many("m-view", [{}, {}])
+    django_dbqueue.enqueue("m-view", {}, delay=3600)
+    Message.objects.filter(queue="m-view").update(available_at=django_dbqueue_now_value().replace(year=2000))
+    page = client.get("/metrics")
+    assert page.status_code == 200 and page["Content-Type"].startswith("text/plain")
+    text = page.content.decode()
+    assert 'dbqueue_queue_depth{queue="m-view",state="ready"} 3.0' in text
+    age = next(
+        line for line in text.splitlines() if line.startswith('dbqueue_oldest_ready_age_seconds{queue="m-view"}')
+    )
+    assert float(age.split()[-1]) > 20 * 365 * 86400
+    # Cached: a new message shows only once the reading is CACHE_SECONDS old.
+    django_dbqueue.enqueue("m-view", {})
+    assert 'dbqueue_queue_depth{queue="m-view",state="ready"} 3.0' in client.get("/metrics").content.decode()
+    database._cache.clear()
+    assert 'dbqueue_queue_depth{queue="m-view",state="ready"} 4.0' in client.get("/metrics").content.decode()
+
+
+def test_labels_stay_bounded(monkeypatch):
+    monkeypatch.setattr(labels, "_seen", set())
+    monkeypatch.setattr(labels, "MAX_SERIES", 2)
+    assert labels.queue_and_kind("reply.0123abcd", "") == ("reply.*", "")
+    assert labels.queue_and_kind("reply.ffff", "") == ("reply.*", "")  # the same series
+    assert labels.queue_and_kind("a", "x") == ("a", "x")
+    assert labels.queue_and_kind("b", "y") == ("other", "other")
+    assert labels.queue_and_kind("a", "x") == ("a", "x")
+
+
+def test_queuemetrics_refuses_a_bad_port():
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="--port must be from 1 to 65535, not 0"):
+        call_command("queuemetrics", port=0)
+
+
+# --- end to end: a real Prometheus server scrapes a worker's metrics and the web view ---
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_ok(url):
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def promql(port, query):
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=5) as response:
+        answer = json.load(response)
+    assert answer["status"] == "success", answer
+    return [float(r["value"][1]) for r in answer["data"]["result"]]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("prometheus") is None,
+    reason="needs the prometheus server binary (Debian package 'prometheus'; scripts/test installs it)",
+)
+def test_prometheus_scrapes_a_worker_and_the_view(tmp_path):
+    multiproc = tmp_path / "multiproc"
+    multiproc.mkdir()
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(multiproc), "DBQUEUE_TEST_METRICS": "1"}
+    django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(5)])
+    django_dbqueue.enqueue("w-outcomes", {"action": "raise"}, max_attempts=1)
+    django_dbqueue.enqueue("w-outcomes", {"action": "reject"})
+    django_dbqueue.enqueue_many("w-later", [{}, {}, {}], delay=3600)
+    worker = start_worker("w-ok", "w-outcomes", "--until-empty", **env)
+    _, err = worker.communicate(timeout=120)
+    assert worker.returncode == ExitStatus.OK, err
+
+    worker_port, web_port, prometheus_port = free_port(), free_port(), free_port()
+    processes = [
+        start_command("queuemetrics", "--port", worker_port, "--addr", "127.0.0.1", **env),
+        start_command("runserver", f"127.0.0.1:{web_port}", "--noreload", DBQUEUE_TEST_METRICS="1"),
+    ]
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
+        f"  - job_name: dbqueue-workers\n    static_configs:\n      - targets: ['127.0.0.1:{worker_port}']\n"
+        "  - job_name: web\n    metrics_path: /metrics\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{web_port}']\n"
+    )
+    try:
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{worker_port}/metrics"), what="queuemetrics to serve")
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{web_port}/metrics"), what="the web view to serve")
+        processes.append(start_prometheus(config, tmp_path / "data", prometheus_port))
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{prometheus_port}/-/ready"), what="prometheus to start")
+        checks = {
+            'up{job="dbqueue-workers"}': [1.0],
+            'up{job="web"}': [1.0],
+            'sum(dbqueue_messages_acked_total{job="dbqueue-workers",queue="w-ok"})': [5.0],
+            'sum(dbqueue_messages_dead_total{job="dbqueue-workers",queue="w-outcomes"})': [2.0],
+            'sum(dbqueue_handler_duration_seconds_count{job="dbqueue-workers",queue="w-ok"})': [5.0],
+            'sum(dbqueue_claim_to_start_seconds_count{job="dbqueue-workers",queue="w-ok"})': [5.0],
+            'dbqueue_queue_depth{job="web",queue="w-later",state="scheduled"}': [3.0],
+            'dbqueue_queue_depth{job="dbqueue-workers",queue="w-later",state="scheduled"}': [3.0],
+            'dbqueue_queue_depth{queue="w-ok",state="ready"}': [],  # finished queues have no series
+        }
+
+        def all_match():
+            return all(promql(prometheus_port, query) == want for query, want in checks.items())
+
+        wait_for(all_match, timeout=90, interval=1, what="prometheus to have scraped the expected values")
+        # Every query of the Grafana dashboard runs, and the backlog panel sees the scheduled messages.
+        for expr in dashboard_queries():
+            promql(prometheus_port, expr)
+        assert promql(prometheus_port, 'max by (queue) (dbqueue_queue_depth{queue=~".*",state="scheduled"})') == [3.0]
+    finally:
+        for p in processes:
+            p.send_signal(signal.SIGTERM)
+        for p in processes:
+            try:
+                p.communicate(timeout=30)
+            except Exception:
+                p.kill()
+
+
+def dashboard_queries():
+    """The PromQL of docs/grafana-dashboard.json, its variables filled in as Grafana would."""
+    dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert exprs
+    return [e.replace("$queue", ".*").replace("$__rate_interval", "1m") for e in exprs]
+
+
+def test_the_dashboard_uses_only_metrics_that_exist():
+    from django_dbqueue.metrics import instruments  # noqa: F401  (registers the metric families)
+
+    names = {
+        "dbqueue_messages_enqueued_total",
+        "dbqueue_messages_acked_total",
+        "dbqueue_messages_failed_total",
+        "dbqueue_messages_dead_total",
+        "dbqueue_handler_duration_seconds_bucket",
+        "dbqueue_claim_to_start_seconds_bucket",
+        "dbqueue_handlers_in_flight",
+        "dbqueue_reaper_actions_total",
+        "dbqueue_queue_depth",
+        "dbqueue_oldest_ready_age_seconds",
+    }
+    import re
+
+    used = {name for expr in dashboard_queries() for name in re.findall(r"dbqueue_[a-z_]+", expr)}
+    assert used <= names, used - names
+    exposed = {m.name for m in REGISTRY.collect()} | {"dbqueue_queue_depth", "dbqueue_oldest_ready_age_seconds"}
+    assert {n.removesuffix("_total").removesuffix("_bucket") for n in names} <= exposed
+
+
+def test_metrics_without_prometheus_client_is_a_check_error(settings, monkeypatch):
+    """prometheus_client is installed here, so its absence is simulated at the one place the check looks."""
+    from django_dbqueue import checks
+
+    settings.DBQUEUE = {"METRICS": True}
+    assert checks.check_metrics() == []
+    monkeypatch.setattr(checks, "find_spec", lambda name: None)
+    [error] = checks.check_metrics()
+    assert error.id == "django_dbqueue.E004" and "prometheus_client is not installed" in error.msg
+
+
+def start_prometheus(config, data, port):
+    return subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
