@@ -1,17 +1,16 @@
 """System checks: the DBQUEUE setting and what the queue's databases can do.
 
 Ids are stable: E001 setting, E002 no SKIP LOCKED, W001 REPEATABLE READ,
-W003 a missing JDBC driver for the Spark analytics, E003 a schedule declared
-in code that is invalid (one in DBQUEUE["SCHEDULES"] is E001's);
-W002 (a Tasks backend queue without ARCHIVE) is reported by DatabaseQueueBackend.check().
+E003 a schedule declared in code that is invalid (one in DBQUEUE["SCHEDULES"] is E001's);
+W002 (a Tasks backend queue without ARCHIVE) is reported by DatabaseQueueBackend.check(),
+W003 (a missing JDBC driver) by the analytics app, django_dbqueue.contrib.spark;
+E004 METRICS on without prometheus_client, E005 TRACING on without OpenTelemetry.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
+from importlib.util import find_spec
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.core.checks import Error, Tags, Warning, register
 
@@ -29,6 +28,27 @@ def check_setting(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     ]
 
 
+EXTRAS = [
+    ("METRICS", "prometheus_client", "prometheus_client", "metrics", "docs/metrics.md", "django_dbqueue.E004"),
+    ("TRACING", "opentelemetry", "the OpenTelemetry API", "otel", "docs/tracing.md", "django_dbqueue.E005"),
+]
+
+
+@register()
+def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """A setting that needs an extra whose package is missing: nothing would be counted or traced."""
+    raw = raw_setting()
+    return [
+        Error(
+            f"DBQUEUE[{key!r}] is True but {what} is not installed",
+            hint=f"pip install 'django-dbqueue[{extra}]' (see {docs})",
+            id=check_id,
+        )
+        for key, package, what, extra, docs, check_id in EXTRAS
+        if isinstance(raw, dict) and raw.get(key) is True and find_spec(package) is None
+    ]
+
+
 @register()
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """Schedules declared with ``@schedule``: each problem names the schedule and the field."""
@@ -38,35 +58,6 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         Error(problem, hint="See docs/schedules.md for every field.", id="django_dbqueue.E003")
         for problem in declared()[1]
     ]
-
-
-@register()
-def check_spark_jars(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
-    """Only where PySpark is installed: a missing driver jar fails ``queueanalytics`` late, inside Spark."""
-    if find_problems(raw_setting()) or not _installed("pyspark"):
-        return []
-    return [
-        Warning(
-            f"DBQUEUE['SPARK_JARS'] lists {jar!r}, which does not exist; queueanalytics cannot load that JDBC driver",
-            hint="Install the driver (Debian: libmariadb-java, libpostgresql-jdbc-java, libxerial-sqlite-jdbc-java) "
-            "or set DBQUEUE['SPARK_JARS']. See docs/analytics.md.",
-            id="django_dbqueue.W003",
-        )
-        for jar in get_settings().spark_jars
-        if not _is_url(jar) and not os.path.isfile(jar)
-    ]
-
-
-def _is_url(jar: str) -> bool:
-    """hdfs://, https://, local:/ ...: Spark fetches those itself (a one-letter scheme is a Windows drive)."""
-    return len(urlsplit(jar).scheme) > 1
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _queue_databases() -> set[str]:

@@ -91,18 +91,6 @@ def _alias(value: Any) -> str | None:
     return None
 
 
-def _jar_list(value: Any) -> str | None:
-    """A list of paths (or URLs) of ``.jar`` files: the JDBC drivers Spark loads."""
-    if not isinstance(value, list | tuple) or not all(isinstance(jar, str) and jar for jar in value):
-        return f"must be a list of paths to .jar files, not {value!r}"
-    for jar in value:
-        if not jar.endswith(".jar"):
-            return f"lists {jar!r}, which is not a .jar file"
-        if "," in jar:
-            return f"lists {jar!r}; a path must not contain a comma (Spark joins the list with commas)"
-    return None
-
-
 def _topics(value: Any) -> str | None:
     """``{"topic": ["queue", ...]}``: each topic's subscriber queues."""
     from .validation import queue_name_problem
@@ -131,6 +119,9 @@ QUEUE_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     "BACKOFF_BASE": (2.0, _number(0, MAX_DELAY_SECONDS)),
     "BACKOFF_MAX": (3600.0, _number(0, MAX_DELAY_SECONDS)),
     "BACKOFF_JITTER": (0.2, _fraction),
+    # How often one message may be put off (Defer, snooze) before it is
+    # dead-lettered: a handler that always defers would otherwise run for ever.
+    "MAX_DEFERRALS": (100, _integer(0, 2_147_483_647)),
     "ARCHIVE": (True, _boolean),
     "RETENTION_DAYS": (30, _number(0, 36500, allow_none=True)),
     "UNHANDLED": ("dead", _choice("dead", "keep")),
@@ -157,17 +148,19 @@ GLOBAL_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     "SCHEDULE_RETENTION_DAYS": (7, _number(0, 36500, allow_none=True)),
     # Topics and the queues subscribed to them, beside the Subscription table.
     "TOPICS": ({}, _topics),
-    # The JDBC drivers ``manage.py queueanalytics`` gives Spark (spark.jars);
-    # the defaults are where Debian's packages put them. See docs/analytics.md.
-    "SPARK_JARS": (
-        [
-            "/usr/share/java/mariadb-java-client.jar",
-            "/usr/share/java/postgresql.jar",
-            "/usr/share/java/sqlite-jdbc.jar",
-        ],
-        _jar_list,
-    ),
+    # "immediate": every enqueued message runs in the enqueuing process once
+    # its transaction commits, for tests (docs/testing.md); "worker": workers run them.
+    "MODE": ("worker", _choice("worker", "immediate")),
+    # Count what each process does for Prometheus (the extra "metrics"; docs/metrics.md).
+    "METRICS": (False, _boolean),
+    # OpenTelemetry spans and trace context in headers (the extra "otel"; docs/tracing.md).
+    "TRACING": (False, _boolean),
 }
+
+
+# Keys of the DBQUEUE dict that a contrib app reads and checks itself: the
+# core leaves them alone (docs/settings.md lists them with their app).
+CONTRIB_KEYS = {"SPARK_JARS": "django_dbqueue.contrib.spark"}
 
 
 @dataclass(frozen=True)
@@ -180,6 +173,7 @@ class QueueOptions:
     backoff_base: float
     backoff_max: float
     backoff_jitter: float
+    max_deferrals: int
     archive: bool
     retention_days: float | None
     unhandled: str
@@ -202,7 +196,9 @@ class DbQueueSettings:
     scheduler_interval: float
     schedule_retention_days: float | None
     topics: dict[str, list[str]]
-    spark_jars: list[str]
+    mode: str
+    metrics: bool
+    tracing: bool
     defaults: QueueOptions
     queues: dict[str, QueueOptions] = field(default_factory=dict)
     # DBQUEUE["SCHEDULES"], checked: name -> ScheduleSpec (django_dbqueue.schedules.spec).
@@ -222,11 +218,11 @@ def find_problems(raw: Any) -> list[str]:
         return [f"DBQUEUE must be a dict, not {type(raw).__name__}"]
     problems = []
     for key, value in raw.items():
-        if key in ("QUEUES", "SCHEDULES"):
+        if key in ("QUEUES", "SCHEDULES") or key in CONTRIB_KEYS:
             continue
         spec = QUEUE_KEYS.get(key) or GLOBAL_KEYS.get(key)
         if spec is None:
-            known = ", ".join(sorted([*QUEUE_KEYS, *GLOBAL_KEYS, "QUEUES", "SCHEDULES"]))
+            known = ", ".join(sorted([*QUEUE_KEYS, *GLOBAL_KEYS, *CONTRIB_KEYS, "QUEUES", "SCHEDULES"]))
             problems.append(f"DBQUEUE has an unknown key {key!r}; known keys: {known}")
         elif (why := spec[1](value)) is not None:
             problems.append(f"DBQUEUE[{key!r}] {why}")
@@ -312,7 +308,6 @@ def get_settings() -> DbQueueSettings:
     merged = {key: raw.get(key, default) for key, (default, _) in QUEUE_KEYS.items()}
     global_values = {key.lower(): raw.get(key, default) for key, (default, _) in GLOBAL_KEYS.items()}
     global_values["topics"] = {topic: list(queues) for topic, queues in global_values["topics"].items()}
-    global_values["spark_jars"] = list(global_values["spark_jars"])
     return DbQueueSettings(
         **global_values,
         defaults=_queue_options(merged),

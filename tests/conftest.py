@@ -1,6 +1,13 @@
+from importlib.metadata import entry_points
+
 import pytest
 
 from tests.support.schedules import schedules  # noqa: F401  (a fixture: code declarations made in a test go away)
+
+# The package's pytest plugin comes through its entry point once installed;
+# a source tree installed before the entry point existed loads it here.
+if not any(ep.value == "django_dbqueue.testing.pytest_plugin" for ep in entry_points(group="pytest11")):
+    pytest_plugins = ["django_dbqueue.testing.pytest_plugin"]
 
 
 @pytest.fixture
@@ -14,7 +21,7 @@ def archive_and_live_counts():
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark (two cores, as on CI) for the whole run: starting the JVM takes seconds."""
-    from django_dbqueue.analytics.session import spark_session
+    from django_dbqueue.contrib.spark.session import spark_session
 
     session = spark_session("local[2]")
     yield session

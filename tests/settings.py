@@ -60,6 +60,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_dbqueue",
+    "django_dbqueue.contrib.spark",
+    "django_dbqueue.contrib.bench",
     "tests.testapp",
 ]
 if django.VERSION < (6, 0) and find_spec("django_tasks") is not None:
@@ -124,3 +126,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"django_dbqueue": {"handlers": ["console"], "level": "WARNING"}},
 }
+
+# Processes the metrics tests start count for Prometheus (docs/metrics.md).
+if os.environ.get("DBQUEUE_TEST_METRICS"):
+    DBQUEUE = {"METRICS": True}

@@ -4,8 +4,9 @@ import pytest
 from django.core import checks
 from django.db import connection
 
-from django_dbqueue import checks as dbqueue_checks
 from django_dbqueue.conf import get_settings
+from django_dbqueue.contrib.spark import checks as spark_checks
+from django_dbqueue.contrib.spark.conf import spark_jars
 from django_dbqueue.db import capabilities
 from django_dbqueue.exceptions import ImproperlyConfiguredQueue
 
@@ -28,6 +29,8 @@ def ids_and_messages(**kwargs):
         ({"VISIBILITY_TIMOUT": 5}, "unknown key 'VISIBILITY_TIMOUT'"),
         ({"VISIBILITY_TIMEOUT": "5"}, "DBQUEUE['VISIBILITY_TIMEOUT'] must be a number, not str"),
         ({"MAX_ATTEMPTS": 0}, "DBQUEUE['MAX_ATTEMPTS'] must be >= 1"),
+        ({"MAX_DEFERRALS": -1}, "DBQUEUE['MAX_DEFERRALS'] must be >= 0, not -1"),
+        ({"QUEUES": {"q": {"MAX_DEFERRALS": "10"}}}, "DBQUEUE['QUEUES']['q']['MAX_DEFERRALS'] must be an integer"),
         ({"ARCHIVE": "yes"}, "DBQUEUE['ARCHIVE'] must be True or False"),
         ({"BACKOFF_JITTER": 1.5}, "must be between 0 and 1"),
         ({"UNHANDLED": "drop"}, "DBQUEUE['UNHANDLED'] must be one of 'dead', 'keep'"),
@@ -43,9 +46,6 @@ def ids_and_messages(**kwargs):
         ({"TOPICS": {"orders": ["email", ""]}}, "DBQUEUE['TOPICS'] topic 'orders' has a bad queue name"),
         ({"TOPICS": {"orders": ["email", "email"]}}, "DBQUEUE['TOPICS'] topic 'orders' names a queue twice"),
         ({"QUEUES": {"q": {"TOPICS": {}}}}, "DBQUEUE['QUEUES']['q'] has an unknown key 'TOPICS'"),
-        ({"SPARK_JARS": "/usr/share/java/postgresql.jar"}, "DBQUEUE['SPARK_JARS'] must be a list of paths"),
-        ({"SPARK_JARS": ["drivers/postgresql.zip"]}, "lists 'drivers/postgresql.zip', which is not a .jar file"),
-        ({"SPARK_JARS": ["a.jar,b.jar"]}, "must not contain a comma"),
     ],
 )
 def test_bad_setting_is_an_error_naming_the_key(settings, setting, words):
@@ -55,6 +55,25 @@ def test_bad_setting_is_an_error_naming_the_key(settings, setting, words):
     assert words in found[0][1]
     with pytest.raises(ImproperlyConfiguredQueue, match="DBQUEUE"):
         get_settings()
+
+
+@pytest.mark.parametrize(
+    ("jars", "words"),
+    [
+        ("/usr/share/java/postgresql.jar", "DBQUEUE['SPARK_JARS'] must be a list of paths"),
+        (["drivers/postgresql.zip"], "lists 'drivers/postgresql.zip', which is not a .jar file"),
+        (["a.jar,b.jar"], "must not contain a comma"),
+    ],
+)
+def test_bad_spark_jars_is_an_error_of_the_analytics_app(settings, jars, words):
+    """The key belongs to django_dbqueue.contrib.spark, which checks it; the core's settings still load."""
+    settings.DBQUEUE = {"SPARK_JARS": jars}
+    found = ids_and_messages()
+    assert [i for i, _ in found] == ["django_dbqueue.E001"], found
+    assert words in found[0][1]
+    assert get_settings().defaults.max_attempts >= 1
+    with pytest.raises(ImproperlyConfiguredQueue, match="SPARK_JARS"):
+        spark_jars()
 
 
 def test_good_setting_passes(settings):
@@ -103,10 +122,10 @@ def test_a_missing_spark_jar_is_a_warning_where_pyspark_is_installed(settings, t
     jars = [str(present), str(missing), "https://repo.example/driver.jar", "local:/opt/spark/jars/driver.jar"]
     settings.DBQUEUE = {"SPARK_JARS": jars}
     # Whether PySpark is installed decides whether the jars matter; play both.
-    monkeypatch.setattr(dbqueue_checks.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(spark_checks.importlib.util, "find_spec", lambda name: object())
     found = ids_and_messages()
     assert [i for i, _ in found] == ["django_dbqueue.W003"]
     assert str(missing) in found[0][1] and str(present) not in found[0][1]
-    assert get_settings().spark_jars == jars
-    monkeypatch.setattr(dbqueue_checks.importlib.util, "find_spec", lambda name: None)
+    assert spark_jars() == jars
+    monkeypatch.setattr(spark_checks.importlib.util, "find_spec", lambda name: None)
     assert ids_and_messages() == []

@@ -14,10 +14,8 @@ PACKAGE = Path(django_dbqueue.__file__).parent
 # Where asking "which database is this?" is the point, outside db/:
 ALLOWED = {
     # The Spark JDBC URL and driver depend on the database by nature.
-    "analytics/jdbc.py",
     "contrib/spark/jdbc.py",
     # The benchmark's raw-SQL baseline is hand-written per database on purpose: it is the ceiling we measure against.
-    "bench/rawsql.py",
     "contrib/bench/rawsql.py",
     # Migrations carry their SQL frozen, per database.
     "migrations/0002_notify_trigger.py",

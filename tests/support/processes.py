@@ -27,16 +27,21 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def start(role: str, *args: object, **env: str) -> subprocess.Popen[str]:
-    # Close our connection's transaction state first: children must see committed data.
+def start_module(module: str, *args: object, **env: str) -> subprocess.Popen[str]:
+    """``python -m MODULE ARGS...`` against the test database, its output captured as text."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.support.child", role, *map(str, args)],
+        [sys.executable, "-m", module, *map(str, args)],
         cwd=ROOT,
         env=child_env(**env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def start(role: str, *args: object, **env: str) -> subprocess.Popen[str]:
+    # Close our connection's transaction state first: children must see committed data.
+    return start_module("tests.support.child", role, *args, **env)
 
 
 def results(processes: list[subprocess.Popen[str]], timeout: float = 600) -> list[dict]:
@@ -51,14 +56,7 @@ def results(processes: list[subprocess.Popen[str]], timeout: float = 600) -> lis
 
 def start_command(*argv: object, **env: str) -> subprocess.Popen[str]:
     """``manage.py``-style: ``python -m django ARGV...`` against the test database."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "django", *map(str, argv)],
-        cwd=ROOT,
-        env=child_env(**env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_module("django", *argv, **env)
 
 
 def start_worker(*args: object, marks: Path | None = None, **env: str) -> subprocess.Popen[str]:
@@ -71,14 +69,7 @@ def start_faulty(fault: str, *argv: object, marks: Path | None = None, **env: st
     """A management command with a fault injected (see tests/support/faulty.py)."""
     if marks is not None:
         env["DBQUEUE_TEST_MARKS"] = str(marks)
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.support.faulty", fault, *map(str, argv)],
-        cwd=ROOT,
-        env=child_env(**env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_module("tests.support.faulty", fault, *argv, **env)
 
 
 def read_marks(path: Path) -> list[tuple[str, int, int]]:

@@ -107,3 +107,9 @@ def poison_values(message):
         message.ack()
     mark("done", message)
     return action
+
+
+@django_dbqueue.handler("w-defer-always")
+def defer_always(message):
+    """Puts its message off every time: the queue's MAX_DEFERRALS ends it."""
+    raise django_dbqueue.Defer(delay=0)
