@@ -12,6 +12,7 @@ import json
 import os
 import resource
 import socket
+import threading
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -39,6 +40,44 @@ def write(message: Message) -> None:
 
 
 HANDLERS: dict[str, Callable[[Any], None]] = {"noop": noop, "write": write}
+
+
+def rss_mb() -> float | None:
+    """This process's resident memory, from /proc (Linux); None elsewhere."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+class RssByTenth:
+    """A no-op handler that reads its own process's RSS after each tenth of ``total`` messages.
+
+    The worker measures itself: sampled from outside, a fast worker can drain
+    the whole queue between two samples and leave no reading once warm.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.handled = 0
+        self.samples: list[float] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, message: Message) -> None:
+        with self.lock:
+            self.handled += 1
+            if self.handled >= self.total * (len(self.samples) + 1) // 10:
+                rss = rss_mb()
+                if rss is not None:
+                    self.samples.append(rss)
+
+
+# What a role adds to its report beyond the CPU time (the memory role's samples).
+REPORTED: dict[str, Any] = {}
 
 
 def cpu_seconds() -> float:
@@ -69,6 +108,25 @@ def default_worker(
     QueueWorker(
         WorkerConfig(queues=[queue], until_empty=until_empty, max_runtime=max_runtime, handler=HANDLERS[handler])
     ).run()
+
+
+def memory_worker(
+    queue: str, batch_size: int, until_empty: bool = True, max_runtime: float | None = None, handler: str = "noop"
+) -> None:
+    """An ORM worker over the queue's messages, reporting its RSS after each tenth of them (the memory phase)."""
+    sampler = RssByTenth(Message.objects.using(WRITE_USING).filter(queue=queue).count())
+    QueueWorker(
+        WorkerConfig(
+            queues=[queue],
+            batch_size=batch_size,
+            until_empty=until_empty,
+            max_runtime=max_runtime,
+            handler=sampler,
+            poll_interval=0.01,
+            max_poll_interval=0.05,
+        )
+    ).run()
+    REPORTED["rss_by_tenth_mb"] = sampler.samples
 
 
 def raw_worker(
@@ -109,7 +167,13 @@ def run_role(
     ROLES[role](queue, batch_size, until_empty, max_runtime, handler)
     if report:
         with open(report, "w") as out:
-            json.dump({"cpu_seconds": cpu_seconds() - started, "wall_seconds": time.monotonic() - wall}, out)
+            usage = {"cpu_seconds": cpu_seconds() - started, "wall_seconds": time.monotonic() - wall}
+            json.dump({**usage, **REPORTED}, out)
 
 
-ROLES = {"orm-worker": orm_worker, "raw-worker": raw_worker, "default-worker": default_worker}
+ROLES = {
+    "orm-worker": orm_worker,
+    "raw-worker": raw_worker,
+    "default-worker": default_worker,
+    "memory-worker": memory_worker,
+}

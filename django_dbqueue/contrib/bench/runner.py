@@ -139,18 +139,6 @@ def spawn(
     return subprocess.Popen(command, env=env)
 
 
-def rss_mb(pid: int) -> float | None:
-    """Resident memory of a process, from /proc (Linux); None elsewhere."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
@@ -348,27 +336,24 @@ class QueueBench:
         queue = PREFIX + "memory"
         count = self.config.memory_messages
         self.fill(queue, count)
-        worker = spawn("orm-worker", queue, self.config)
-        archive = ArchivedMessage.objects.using(self.using).filter(queue=queue)
-        samples: list[tuple[int, float]] = []
-        while worker.poll() is None:
-            rss = rss_mb(worker.pid)
-            if rss is not None:
-                samples.append((archive.count(), rss))
-            time.sleep(1.0)
-        warm = [rss for done, rss in samples if done >= count // 10]
-        if worker.returncode != 0 or not warm:
-            raise RuntimeError("memory: the worker failed or its memory could not be read (Linux /proc needed)")
-        # RSS after each tenth of the messages, to show the curve (flat or growing).
-        curve = [next((rss for done, rss in samples if done >= count * k // 10), warm[-1]) for k in range(1, 11)]
+        with tempfile.TemporaryDirectory(prefix="queuebench-") as reports:
+            path = os.path.join(reports, "memory.json")
+            worker = spawn("memory-worker", queue, self.config, "--report", path)
+            if worker.wait(timeout=3600) != 0:
+                raise RuntimeError(f"memory: the worker exited with {worker.returncode}")
+            with open(path) as report:
+                curve = json.load(report)["rss_by_tenth_mb"]
+        if len(curve) < 10:
+            raise RuntimeError(f"memory: {len(curve)} of 10 memory readings (the worker reads /proc: Linux only)")
+        # The first reading is after a tenth of the messages: the worker is warm by then.
         extra = {
             "messages": count,
-            "rss_warm_mb": warm[0],
-            "rss_end_mb": warm[-1],
-            "rss_max_mb": max(warm),
+            "rss_warm_mb": curve[0],
+            "rss_end_mb": curve[-1],
+            "rss_max_mb": max(curve),
             "rss_by_tenth_mb": [round(r, 1) for r in curve],
         }
-        return [Result(f"worker RSS growth over {count} messages", warm[-1] - warm[0], "MB", None, extra)]
+        return [Result(f"worker RSS growth over {count} messages", curve[-1] - curve[0], "MB", None, extra)]
 
     def _page_ms(self, paginator_class: type[Paginator[Any]], queryset: Any, rounds: int = 15) -> float:
         """The median time to count a list and read its first page of 100, as the admin does."""

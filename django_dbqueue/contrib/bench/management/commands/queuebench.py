@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_dbqueue.contrib.bench.roles import ROLES, run_role
 from django_dbqueue.contrib.bench.runner import (
     DEFAULT_PHASES,
     PHASES,
@@ -56,7 +57,7 @@ class Command(BaseCommand):
         parser.add_argument("--repeat", type=positive_int, default=1, help="Runs of every phase; medians reported.")
         parser.add_argument("--json", action="store_true", help="Print the results as JSON.")
         # Internal: what the benchmark's own child processes run.
-        parser.add_argument("--role", choices=["orm-worker", "raw-worker", "default-worker"], help="(internal)")
+        parser.add_argument("--role", choices=sorted(ROLES), help="(internal)")
         parser.add_argument("--queue", help="(internal)")
         parser.add_argument("--forever", action="store_true", help="(internal)")
         parser.add_argument("--max-runtime", type=float, help="(internal)")
@@ -67,8 +68,6 @@ class Command(BaseCommand):
         from django.conf import settings
 
         if options["role"]:
-            from django_dbqueue.contrib.bench.roles import run_role
-
             with bench_queues_on(options["database"]):
                 run_role(
                     options["role"],
