@@ -15,7 +15,7 @@ from ..db.errors import with_retries
 from ..db.transactions import write_transaction
 from ..exceptions import AlreadyReplayed, DuplicateKey, InvalidOption
 from ..validation import storable_result, storable_text
-from .statements import ARCHIVE_TABLE
+from .statements import ARCHIVE_TABLE, COPIED
 
 if TYPE_CHECKING:
     from .messages import Message
@@ -149,6 +149,8 @@ class ArchivedMessage(models.Model):
     replayed_at = models.DateTimeField(null=True, blank=True)
     replayed_by = models.CharField(max_length=150, blank=True, default="")
     replayed_as = models.BigIntegerField(null=True, blank=True, help_text="The id of the new message the replay made.")
+    progress = models.JSONField(null=True, blank=True, help_text="The handler's last progress report.")
+    meta = models.JSONField(null=True, blank=True, help_text="What the handler recorded with update_meta().")
 
     objects = ArchivedMessageQuerySet.as_manager()
 
@@ -189,27 +191,14 @@ class ArchivedMessage(models.Model):
         error = message.last_error if error is None else error
         if why is not None:
             error = f"{error}\nresult not kept: {why}".strip()
+        copied = {column: getattr(message, column) for column in COPIED}
         return cls(
             message_id=message.pk,
-            queue=message.queue,
-            kind=message.kind,
-            key=message.key,
-            payload=message.payload,
-            headers=message.headers,
-            priority=message.priority,
-            created_at=message.created_at,
-            first_available_at=message.first_available_at,
-            claimed_at=message.claimed_at,
+            **{**copied, "last_error": storable_text(error)},
             finished_at=DbNow(),
-            expires_at=message.expires_at,
-            attempts=message.attempts,
-            max_attempts=message.max_attempts,
-            deferrals=message.deferrals,
             outcome=outcome,
             finished_by=worker or message.claimed_by,
-            last_error=storable_text(error),
             result=kept,
-            replay_of=message.replay_of,
         )
 
 

@@ -641,6 +641,12 @@ class Message(ConsumerActions, models.Model):
     )
     last_error = models.TextField(blank=True, default="", db_default="")
     replay_of = models.BigIntegerField(null=True, blank=True, help_text="The archived (dead) message this one replays.")
+    cancel_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="When cancel() flagged it while it ran; its worker stops it cooperatively."
+    )
+    # Written by the worker's heartbeat from set_progress()/update_meta(); NULL until the handler reports.
+    progress = models.JSONField(null=True, blank=True, help_text="The handler's last report: done, total, note.")
+    meta = models.JSONField(null=True, blank=True, help_text="What the handler recorded with update_meta().")
 
     objects = MessageManager()
 

@@ -44,6 +44,8 @@ COPIED = (
     "deferrals",
     "last_error",
     "replay_of",
+    "progress",
+    "meta",
 )
 
 
@@ -403,7 +405,7 @@ def claim_rows(
 
 # The archive row of finish_leased(): the live row's copied columns, then what finishing adds.
 ARCHIVED = ("message_id", *COPIED, "outcome", "finished_by", "result")
-JSON_COLUMNS = ("payload", "headers", "result")
+JSON_COLUMNS = ("payload", "headers", "result", "progress", "meta")
 
 
 def finish_is_one_statement(using: str) -> bool:
@@ -441,6 +443,8 @@ def finish_leased(using: str, message: Message, outcome: str, row: Mapping[str, 
         finished_by=row["finished_by"],
         last_error=row["last_error"],
         result=None if result is None else json.dumps(result),
+        progress=None if message.progress is None else json.dumps(message.progress),
+        meta=None if message.meta is None else json.dumps(message.meta),
     )
     params = [values[c] for c in ARCHIVED]
     with connection.cursor() as cursor:
