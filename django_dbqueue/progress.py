@@ -95,12 +95,12 @@ class Progress:
 
     # --- what callers say -----------------------------------------------------
 
-    def start(self, label: str, total: int | None = None, unit: str = "rows") -> None:
-        """Begin a task (finishing the one before, if any); ``total`` when it is known."""
+    def start(self, label: str, total: int | None = None, unit: str = "rows", *, detail: str = "") -> None:
+        """Begin a task (finishing the one before, if any); ``total`` when it is known, ``detail`` from the start."""
         with self._lock:
             if self._task is not None:
                 self._finish(keep=True)
-            self._task = _Task(label, total, unit, self.clock())
+            self._task = _Task(label, total, unit, self.clock(), detail=detail)
             self._shown_at = None
             if self.tty:
                 self._show(self._task, self._task.started)
@@ -210,7 +210,7 @@ class NullProgress(Progress):
     def __init__(self) -> None:
         super().__init__(_Nowhere(), tty=False)
 
-    def start(self, label: str, total: int | None = None, unit: str = "rows") -> None:
+    def start(self, label: str, total: int | None = None, unit: str = "rows", *, detail: str = "") -> None:
         pass
 
     def update(self, done: int, *, total: int | None = None, detail: str | None = None) -> None:

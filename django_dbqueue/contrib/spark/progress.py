@@ -73,15 +73,16 @@ class StageWatch:
         tracker = self.context.statusTracker()
         stages = [info for info in map(tracker.getStageInfo, sorted(tracker.getActiveStageIds())) if info is not None]
         ids = tuple(info.stageId for info in stages)
+        running = f"{sum(info.numActiveTasks for info in stages)} running"
         if ids != self.shown:
             self.progress.finish(keep=False)  # a stage's count is noise once it is done
             self.shown = ids
             if ids:
                 label = f"Spark stage {ids[0]}" if len(ids) == 1 else f"Spark stages {', '.join(map(str, ids))}"
-                self.progress.start(label, total=sum(info.numTasks for info in stages), unit="tasks")
+                # The detail is drawn with the bar: a stage shorter than a redraw still shows it.
+                self.progress.start(label, total=sum(info.numTasks for info in stages), unit="tasks", detail=running)
         if ids:
-            running = sum(info.numActiveTasks for info in stages)
-            self.progress.update(sum(info.numCompletedTasks for info in stages), detail=f"{running} running")
+            self.progress.update(sum(info.numCompletedTasks for info in stages), detail=running)
 
     def close(self) -> None:
         self.progress.finish(keep=False)
