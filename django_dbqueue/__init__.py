@@ -9,9 +9,10 @@ from ._version import __version__
 if TYPE_CHECKING:
     # What type checkers see: each public name, re-exported ("X as X"). At run
     # time __getattr__ below imports it on first use; tests/test_types.py keeps both in step.
-    from .control import cancel as cancel, replay as replay
+    from .control import CancelResult as CancelResult, cancel as cancel, replay as replay
     from .exceptions import (
         AlreadyReplayed as AlreadyReplayed,
+        Cancelled as Cancelled,
         CommandFailed as CommandFailed,
         DbQueueError as DbQueueError,
         DuplicateKey as DuplicateKey,
@@ -70,6 +71,8 @@ _EXPORTS = {
     "enqueue_saved": "outbox",
     "replay": "control",
     "cancel": "control",
+    "CancelResult": "control",
+    "Cancelled": "exceptions",
     "DbQueueError": "exceptions",
     "DuplicateKey": "exceptions",
     "AlreadyReplayed": "exceptions",

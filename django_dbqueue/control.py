@@ -7,10 +7,12 @@ is one short transaction that changes nothing when its precondition fails.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from typing import Any
 
 from . import signals, validation
+from .exceptions import DbQueueError
 from .models import ArchivedMessage, Message, Outcome, QueueState, events
 from .operations import build_message, finish
 
@@ -39,12 +41,43 @@ def replay(archived: ArchivedMessage, *, by: str = "", payload: Any = None, forc
     return message
 
 
-def cancel(message: Message, *, by: str = "") -> bool:
-    """Archive a live message as cancelled, whoever holds it. False if it was gone already.
+CANCEL_ROUNDS = 3
 
-    A worker still running it will find its lease lost when it acknowledges.
+
+class CancelResult(enum.StrEnum):
+    """What :func:`cancel` did. Truthy when it archived or flagged the message, falsy when it was gone."""
+
+    ARCHIVED = "archived"  # it was not running: archived as cancelled at once
+    REQUESTED = "requested"  # it runs: flagged, its worker stops it and archives it as cancelled
+    GONE = ""  # finished (or cancelled) already
+
+
+def cancel(message: Message | int, *, by: str = "", using: str = "default") -> CancelResult:
+    """Cancel a live message: archived at once if it is not running, else flagged for its worker to stop.
+
+    ``message`` is a Message or its id (on ``using``). A running message's
+    worker sees the flag at its next heartbeat; the handler learns it at its
+    next ``message.checkpoint()`` or ``set_progress()`` (``--exec``: the
+    command's process group is stopped), and the message is archived as
+    cancelled, never retried. A flagged message whose worker died is
+    archived as cancelled by the reaper (docs/cancel-progress.md).
     """
-    return finish(message, Outcome.CANCELLED, match="id", worker=by, error=f"cancelled by {by}" if by else "cancelled")
+    if isinstance(message, Message):
+        using, pk = message._state.db or using, message.pk
+    else:
+        pk = message
+    manager = Message.objects.using(using)
+    error = f"cancelled by {by}" if by else "cancelled"
+    # A message claimed (or given back) between the two statements is caught on the next round.
+    for _ in range(CANCEL_ROUNDS):
+        if manager.request_cancel(pk):
+            return CancelResult.REQUESTED
+        live = manager.filter(pk=pk).first()
+        if live is None:
+            return CancelResult.GONE
+        if finish(live, Outcome.CANCELLED, match="idle", worker=by, error=error):
+            return CancelResult.ARCHIVED
+    raise DbQueueError(f"message {pk} changed state {CANCEL_ROUNDS} times while it was being cancelled; try again")
 
 
 def run_now(message: Message) -> bool:

@@ -41,6 +41,14 @@ class LeaseLost(DbQueueError):
     """
 
 
+class Cancelled(DbQueueError):
+    """Raised in a handler by ``message.checkpoint()`` or ``set_progress()`` once the message's cancel was asked.
+
+    Let it propagate: the worker archives the message as cancelled and
+    never retries it (docs/cancel-progress.md).
+    """
+
+
 class NotClaimed(DbQueueError):
     """An operation that needs a claimed message was called on one that is not."""
 

@@ -4,7 +4,8 @@ The command line is split with :func:`shlex.split` and run without a shell;
 message data never enters it. The payload arrives as JSON on stdin, the
 rest in environment variables. Exit status 0 acks; anything else fails the
 attempt with the tail of stderr as the error (retried with backoff, dead
-letter after the last attempt).
+letter after the last attempt). A command whose message is cancelled while
+it runs gets SIGTERM in its process group, then SIGKILL after KILL_GRACE.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .exceptions import CommandFailed, InvalidOption
+from .exceptions import Cancelled, CommandFailed, InvalidOption
 from .validation import storable_text
 
 if TYPE_CHECKING:
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 TAIL = 4000  # characters of stderr (errors) and stdout (results) kept
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when a command outlives its timeout
 PIPE_GRACE = 1.0  # seconds to drain the pipes after the command exited (a background child may hold them)
+TIMED_OUT, CANCELLED = "timed out", "cancelled"  # why _communicate stopped a command
 
 
 class Tail:
@@ -79,8 +82,11 @@ class ExecHandler:
         except OSError as exc:  # missing, not executable, ...
             raise CommandFailed(f"cannot run {self.argv[0]!r}: {exc.strerror or exc}") from exc
         out, err = Tail(), Tail()
-        finished = self._communicate(process, json.dumps(message.payload).encode(), out, err)
-        if not finished:
+        stopped = self._communicate(process, json.dumps(message.payload).encode(), out, err, message.cancel_requested)
+        if stopped == CANCELLED:
+            self._kill_group(process)
+            raise Cancelled(f"{shlex.join(self.argv)} was stopped with its process group: cancel was asked")
+        if stopped == TIMED_OUT:
             self._kill_group(process)
             raise CommandFailed(
                 f"{shlex.join(self.argv)} ran longer than {self.timeout:g}s and was killed with its process group\n"
@@ -92,8 +98,12 @@ class ExecHandler:
         # What the command printed is kept as the message's result (the tail, as text).
         return out.text()
 
-    def _communicate(self, process: subprocess.Popen[bytes], payload: bytes, out: Tail, err: Tail) -> bool:
-        """Feed stdin and keep the output's tails until the command exits; False if it timed out.
+    def _communicate(
+        self, process: subprocess.Popen[bytes], payload: bytes, out: Tail, err: Tail, cancelled: Callable[[], bool]
+    ) -> str | None:
+        """Feed stdin and keep the output's tails until the command exits (None), it times out, or is cancelled.
+
+        ``cancelled`` is asked every poll (a flag the worker's heartbeat sets).
 
         One thread, non-blocking pipes: a command that never reads its
         stdin cannot block us, output is never held whole, and once the
@@ -121,7 +131,9 @@ class ExecHandler:
                     if exited_at is not None and now - exited_at >= PIPE_GRACE:
                         break
                     if exited_at is None and deadline is not None and now >= deadline:
-                        return False
+                        return TIMED_OUT
+                    if exited_at is None and cancelled():
+                        return CANCELLED
                     for key, _ in selector.select(timeout=0.05):
                         tail: Tail | None = key.data
                         if tail is None:  # stdin is writable
@@ -148,12 +160,15 @@ class ExecHandler:
                 for pipe in (stdin, stdout, stderr):
                     with contextlib.suppress(OSError, ValueError):
                         pipe.close()
-        if exited_at is None:  # every pipe closed before the command exited: wait for it, within the timeout
-            try:
-                process.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                return False
-        return True
+        # Every pipe closed before the command exited: wait for it, within the timeout, listening for a cancel.
+        while exited_at is None and process.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                return TIMED_OUT
+            if cancelled():
+                return CANCELLED
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=0.05)
+        return None
 
     @staticmethod
     def _kill_group(process: subprocess.Popen[bytes]) -> None:

@@ -20,6 +20,7 @@ from .db.clock import db_now
 from .models import ArchivedMessage, Message, Outcome, QueueStat, QueueState, Worker
 
 HOURS = 24
+RUNNING_SHOWN = 20  # in-flight messages with progress listed, longest running first
 
 
 @dataclass
@@ -50,12 +51,32 @@ class WorkerSummary:
 
 
 @dataclass
+class RunningSummary:
+    """An in-flight message whose handler reported progress (``message.set_progress``)."""
+
+    id: int
+    queue: str
+    kind: str
+    worker: str
+    running_for: timedelta
+    done: float
+    total: float | None
+    note: str
+    cancel_requested: bool
+
+    @property
+    def percent(self) -> int | None:
+        return progress_percent(self.done, self.total)
+
+
+@dataclass
 class Overview:
     now: datetime
     hours: list[datetime]  # the start of each of the last HOURS hours, oldest first
     per_hour_source: str  # "hourly analytics" (QueueStat rows) or "archive"
     queues: list[QueueSummary]
     workers: list[WorkerSummary]
+    running: list[RunningSummary] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """Plain JSON types: times as ISO 8601, ages in seconds."""
@@ -105,7 +126,41 @@ def build_overview(using: str | None = None) -> Overview:
 
     source = _per_hour(using, first_hour, hours, queue)
     workers = [_worker(row, now, dbq.worker_stale_after) for row in Worker.objects.using(using).order_by("name")]
-    return Overview(now, hours, source, [queues[name] for name in sorted(queues)], workers)
+    running = [_running(row, now) for row in Message.objects.using(using).reporting()[:RUNNING_SHOWN]]
+    return Overview(now, hours, source, [queues[name] for name in sorted(queues)], workers, running)
+
+
+def _running(message: Message, now: datetime) -> RunningSummary:
+    progress = message.progress if isinstance(message.progress, dict) else {}
+    return RunningSummary(
+        id=message.pk,
+        queue=message.queue,
+        kind=message.kind,
+        worker=message.claimed_by,
+        running_for=now - (message.claimed_at or now),
+        done=progress.get("done", 0),
+        total=progress.get("total"),
+        note=str(progress.get("note", "")),
+        cancel_requested=message.cancel_requested_at is not None,
+    )
+
+
+def progress_percent(done: Any, total: Any) -> int | None:
+    """Percent done, when the total is known and positive (the stored values are read defensively)."""
+    if not isinstance(done, int | float) or not isinstance(total, int | float) or total <= 0:
+        return None
+    return max(0, min(100, int(done * 100 / total)))
+
+
+def format_progress(progress: Any) -> str:
+    """A progress report as text: ``3 of 10 (30%), copying rows``; empty when there is none."""
+    if not isinstance(progress, dict) or "done" not in progress:
+        return ""
+    done, total, note = progress.get("done"), progress.get("total"), progress.get("note") or ""
+    text = f"{done:g}" if isinstance(done, int | float) else str(done)
+    if isinstance(total, int | float):
+        text += f" of {total:g} ({progress_percent(done, total)}%)"
+    return f"{text}, {note}" if note else text
 
 
 def _per_hour(using: str, first_hour: datetime, hours: list[datetime], queue: Any) -> str:
@@ -207,4 +262,10 @@ def as_table(overview: Overview) -> str:
             f"  {w.name}  queues {', '.join(w.queues)}  last heartbeat {format_age(w.silent_for)} ago  "
             f"processed {w.processed}, failed {w.failed}{flag}"
         )
+    if overview.running:
+        lines += ["", f"Running with progress ({len(overview.running)})"]
+        for r in overview.running:
+            progress = format_progress({"done": r.done, "total": r.total, "note": r.note})
+            flag = "  CANCEL REQUESTED" if r.cancel_requested else ""
+            lines.append(f"  #{r.id} {r.queue}/{r.kind or '-'}  {progress}  for {format_age(r.running_for)}{flag}")
     return "\n".join(lines)

@@ -58,6 +58,7 @@ class ReapReport:
     stale_workers: int = 0
     released: int = 0
     poison: int = 0
+    cancelled: int = 0
     expired: int = 0
     pruned: int = 0
     analyzed: bool = False
@@ -69,7 +70,7 @@ class ReapReport:
     def __str__(self) -> str:
         return (
             f"{self.stale_workers} stale worker(s) removed, {self.released} message(s) released, "
-            f"{self.poison} poison message(s) dead-lettered, {self.expired} expired, "
+            f"{self.poison} poison message(s) dead-lettered, {self.cancelled} cancelled, {self.expired} expired, "
             f"{self.pruned} archive row(s) pruned" + (", statistics refreshed" if self.analyzed else "")
         )
 
@@ -89,6 +90,7 @@ class Reaper:
                 return None
             report = ReapReport()
             self.release_stale_workers(report)
+            report.cancelled += self.cancel_abandoned()
             report.poison += self.dead_letter_poison()
             report.expired += self.expire()
             report.pruned += self.prune()
@@ -143,23 +145,39 @@ class Reaper:
             counts = with_retries(self.using, release, what="release of a stale worker")
             if counts is None:
                 continue  # it came back
-            poison, released = counts
+            poison, cancelled, released = counts
             report.poison += poison
+            report.cancelled += cancelled
             report.released += released
             report.stale_workers += 1
             logger.warning("reaper: worker %s stopped answering; its messages are back in the queue", name)
 
-    def _release_worker(self, name: str, stale_after: float) -> tuple[int, int] | None:
+    def _release_worker(self, name: str, stale_after: float) -> tuple[int, int, int] | None:
+        """(poison, cancelled, released) of a stale worker's messages; None if it came back."""
         with write_transaction(self.using):
             if not Worker.objects.using(self.using).lock_if_stale(name, stale_after):
                 return None
-            poison = 0
+            poison = cancelled = 0
             for message in Message.objects.using(self.using).filter(claimed_by=name, lease_token__isnull=False):
-                if not message.attempts_left():
+                if message.cancel_requested():
+                    cancelled += self._cancelled(message, f"worker {name} stopped answering")
+                elif not message.attempts_left():
                     poison += self._dead(message, f"worker {name} stopped answering during its last attempt")
             released = Message.objects.using(self.using).release_from(name)
             Worker.objects.using(self.using).unregister(name)
-            return poison, released
+            return poison, cancelled, released
+
+    def cancel_abandoned(self) -> int:
+        """Archive as cancelled the messages flagged for cancel whose lease ran out: nobody will stop them now."""
+        done = 0
+        for message in Message.objects.using(self.using).abandoned_cancels().order_by("id")[: self.batch_size]:
+            done += self._cancelled(message, f"its lease ran out on attempt {message.attempts}")
+        return done
+
+    def _cancelled(self, message: Message, why: str) -> int:
+        """Archive one flagged message as cancelled, only if nobody changed its lease since we read it."""
+        reason = f"cancelled while it ran; {why} before it stopped"
+        return int(finish(message, Outcome.CANCELLED, match="token", worker="reaper", error=reason))
 
     def dead_letter_poison(self) -> int:
         """Dead-letter messages whose lease ran out on their last attempt."""

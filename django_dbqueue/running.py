@@ -9,6 +9,9 @@ of rules (formerly ``django_dbqueue.dispatch``):
   ``Defer``: put off without counting a failure (dead past the queue's
   ``MAX_DEFERRALS``);
 - it raises anything else: fail (retry with backoff, dead when attempts run out);
+- cancel was asked (``django_dbqueue.cancel``): archived as cancelled, never
+  retried, whether it raises ``Cancelled`` or anything else; a handler that
+  returns all the same is acked;
 - there is no handler: dead letter naming the queue and kind, or, with the
   queue's ``UNHANDLED = "keep"``, back in the queue for a handler to come.
 
@@ -28,9 +31,10 @@ from typing import Any
 
 from . import signals
 from .conf import get_settings, queue_options
-from .exceptions import NotClaimed
+from .exceptions import Cancelled, NotClaimed
 from .handlers import Defer, Handler, Reject, Retry, find_handler
 from .models import Message
+from .models.consuming import error_text
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -48,6 +52,7 @@ class HandlerOutcome:
     DEFERRED = "deferred"
     FAILED = "failed"
     UNHANDLED = "unhandled"
+    CANCELLED = "cancelled"
     LEASE_LOST = "lease lost"
 
 
@@ -106,25 +111,40 @@ def decide(message: Message, *, worker: str = "", handler: Handler | None = None
 def _run(message: Message, handler: Handler, worker: str) -> Verdict:
     after_record = getattr(handler, "after_record", None)
     verdict = partial(Verdict, recorded=partial(after_record, message) if after_record else None)
+    if message.cancel_requested():  # flagged before it started: read with the claim, or seen by a heartbeat
+        return verdict(HandlerOutcome.CANCELLED, partial(message.archive_cancelled, "cancelled before it ran"))
     try:
         result = handler(message)
-    except Reject as exc:
+    except Exception as exc:
+        if isinstance(exc, Cancelled) or message.cancel_requested():
+            # Whatever the handler raised once cancel was asked, it is cancelled: never retried.
+            if isinstance(exc, Cancelled):
+                reason = f"cancelled while it ran: {exc}"
+            else:
+                reason = f"cancelled while it ran; the handler then raised:\n{error_text(exc)}"
+            return verdict(HandlerOutcome.CANCELLED, partial(message.archive_cancelled, reason))
+        return _raised(message, exc, verdict)
+    # A handler that finished despite a cancel request did its work: it is acked.
+    return verdict(HandlerOutcome.ACKED, partial(message.ack, worker=worker, result=result), result)
+
+
+def _raised(message: Message, exc: Exception, verdict: Callable[..., Verdict]) -> Verdict:
+    """The outcome of a handler that raised ``exc`` (not a cancel)."""
+    if isinstance(exc, Reject):
         return verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=exc.reason))
-    except Retry as exc:
+    if isinstance(exc, Retry):
         reason = exc.reason or "retry requested"
         if not message.attempts_left():
             reason = f"{reason}; no attempts left ({message.attempts} made)"
             return verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=reason))
         return verdict(HandlerOutcome.RETRIED, partial(message.reject, delay=exc.delay, reason=reason))
-    except Defer as exc:
+    if isinstance(exc, Defer):
         refused = message.deferral_refused()
         if refused is not None:  # past the queue's MAX_DEFERRALS: dead, as a Retry with no attempts left
             return verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=refused))
         return verdict(HandlerOutcome.DEFERRED, partial(message.snooze, exc.until, delay=exc.delay))
-    except Exception as exc:
-        logger.debug("message %s of %s failed: %r", message.pk, message.queue, exc)
-        return verdict(HandlerOutcome.FAILED, partial(message.fail, exc))
-    return verdict(HandlerOutcome.ACKED, partial(message.ack, worker=worker, result=result), result)
+    logger.debug("message %s of %s failed: %r", message.pk, message.queue, exc)
+    return verdict(HandlerOutcome.FAILED, partial(message.fail, exc))
 
 
 def process(message: Message, *, worker: str = "", handler: Handler | None = None) -> str:

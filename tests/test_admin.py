@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin.utils import display_for_value
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -207,6 +208,37 @@ def test_run_now_cancel_and_release_actions(client):
     assert "1 cancelled." in user_messages(response)
     row = ArchivedMessage.objects.get(message_id=claimed.pk)
     assert row.outcome == Outcome.CANCELLED and row.finished_by == "ops"
+
+
+def test_cancel_of_a_running_message_flags_it_and_says_its_worker_stops_it(client):
+    client = operator(client, "cancel_message")
+    django_dbqueue.enqueue("q", {})
+    [running] = Message.objects.claim("q")
+    response = post_action(client, "message", "cancel", [running.pk])
+    said = user_messages(response)
+    assert "1 cancelled." in said and any("1 of them running: cancel requested" in m for m in said)
+    assert Message.objects.get().cancel_requested_at is not None and not ArchivedMessage.objects.exists()
+    html = client.get(change_url("message", running.pk)).content.decode()
+    assert "cancel requested" not in html  # no progress reported: no bar, the flag shows as its time
+    assert display_for_value(Message.objects.get().cancel_requested_at, "-") in html
+
+
+def test_message_and_archive_pages_show_progress_and_meta(viewer):
+    django_dbqueue.enqueue("q", {})
+    [running] = Message.objects.claim("q")
+    Message.objects.filter(pk=running.pk).update(
+        progress={"done": 3, "total": 12, "note": SCRIPT}, meta={"table": "orders"}
+    )
+    html = viewer.get(change_url("message", running.pk)).content.decode()
+    assert '<progress max="100" value="25"></progress>' in html and "3 of 12 (25%)" in html
+    assert SCRIPT not in html and "&lt;script&gt;" in html  # the note is escaped
+    assert "&quot;table&quot;: &quot;orders&quot;" in html
+    running.refresh_from_db()
+    assert running.ack()
+    row = ArchivedMessage.objects.get()
+    assert row.progress["done"] == 3 and row.meta == {"table": "orders"}
+    html = viewer.get(change_url("archivedmessage", row.pk)).content.decode()
+    assert "3 of 12 (25%)" in html and "&quot;table&quot;: &quot;orders&quot;" in html
 
 
 def test_an_action_handles_at_most_its_limit_of_rows_and_says_so(client, monkeypatch):

@@ -68,10 +68,10 @@ def test_cancel_run_now_release_and_pause():
     assert not control.run_now(claimed)  # in flight: left alone
     assert control.release_lease(claimed)
     assert claimed.ack() is False  # the worker lost it
-    assert control.cancel(Message.objects.get(), by="ops")
+    assert control.cancel(Message.objects.get(), by="ops") == control.CancelResult.ARCHIVED
     row = ArchivedMessage.objects.get()
     assert row.outcome == Outcome.CANCELLED and row.finished_by == "ops"
-    assert control.cancel(claimed) is False
+    assert control.cancel(claimed) == control.CancelResult.GONE and not control.cancel(claimed)
     control.set_paused("q", True, by="ops")
     assert QueueState.objects.paused_names() == {"q"}
     control.set_paused("q", False)

@@ -19,7 +19,10 @@ PY = sys.executable
 
 
 def message(**payload):
-    return SimpleNamespace(pk=1, queue="q", kind="", attempts=1, headers={}, payload=payload)
+    """What ExecHandler reads of a message; never cancelled (tests/test_cancel.py runs cancels for real)."""
+    return SimpleNamespace(
+        pk=1, queue="q", kind="", attempts=1, headers={}, payload=payload, cancel_requested=lambda: False
+    )
 
 
 def program(tmp_path, text: str) -> str:

@@ -7,12 +7,15 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.urls import reverse
 from django.utils import timezone
 
+import django_dbqueue
 from django_dbqueue.admin.charts import Series, hourly_bars
 from django_dbqueue.control import set_paused
 from django_dbqueue.models import Message, Outcome, QueueStat
-from django_dbqueue.overview import HOURS, build_overview, format_age
+from django_dbqueue.overview import HOURS, as_table, build_overview, format_age
+from tests.support.admin_helpers import staff
 from tests.support.factories import ArchivedMessageFactory, MessageFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -156,3 +159,20 @@ def test_chart_bars_scale_and_labels_are_escaped():
     assert f"{hours[2]:%H}:00 UTC: 10 acked" in svg and "acked (15)" in svg
     empty = str(hourly_bars(hours, [Series("acked", "#0a0", [0, 0, 0])]))
     assert "nan" not in empty.lower() and 'height="0.0"' in empty
+
+
+def test_running_messages_with_progress_show_in_the_overview_and_its_page(client):
+    django_dbqueue.enqueue("q", {}, kind="import")
+    django_dbqueue.enqueue("q", {})
+    first, quiet = Message.objects.claim("q", 2)
+    Message.objects.filter(pk=first.pk).update(progress={"done": 40, "total": 80, "note": "rows"})
+    django_dbqueue.cancel(first)
+    overview = build_overview()
+    [running] = overview.running  # only messages that reported progress
+    assert (running.id, running.kind, running.percent, running.cancel_requested) == (first.pk, "import", 50, True)
+    assert f"#{first.pk} q/import  40 of 80 (50%), rows" in as_table(overview)
+    assert "CANCEL REQUESTED" in as_table(overview)
+    client.force_login(staff("viewer", "view_queuestate"))
+    html = client.get(reverse("admin:django_dbqueue_queuestate_changelist")).content.decode()
+    assert 'id="running"' in html and '<progress max="100" value="50"></progress>' in html
+    assert f'data-message="{first.pk}"' in html and f'data-message="{quiet.pk}"' not in html

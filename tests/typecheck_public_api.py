@@ -26,6 +26,9 @@ def consuming() -> None:
     assert_type(messages, list[Message])
     assert_type(messages[0].ack(result={"sent": True}), bool)
     assert_type(messages[0].fail(ValueError("bounced")), bool)
+    assert_type(messages[0].set_progress(3, 10, note="rows"), None)
+    assert_type(messages[0].update_meta(rows=3), None)
+    assert_type(messages[0].cancel_requested(), bool)
     assert_type(ack_many(messages), list[bool])
     assert_type(Message.objects.claim("emails"), list[Message])
 
@@ -33,4 +36,5 @@ def consuming() -> None:
 def operating() -> None:
     row = ArchivedMessage.objects.dead().get(pk=1)
     assert_type(django_dbqueue.replay(row), Message)
+    assert_type(django_dbqueue.cancel(7), django_dbqueue.CancelResult)
     assert_type(request("pricing", {"sku": "A1"}, timeout=5), Any)  # the reply: any JSON

@@ -55,9 +55,11 @@ class ArchiveAdmin(ReadOnlyQueueAdmin[ArchivedMessage]):
         ("created_at", "first_available_at", "claimed_at", "finished_at", "expires_at"),
         ("finished_by", "replay_of"),
         ("replayed_at", "replayed_by", "replayed"),
+        "progress_shown",
         "payload_pretty",
         "headers_pretty",
         "result_pretty",
+        "meta_pretty",
         "last_error_full",
     ]
     readonly_fields = flat(fields)

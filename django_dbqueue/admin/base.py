@@ -18,11 +18,12 @@ from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_POST
 
 from ..exceptions import DbQueueError
 from ..models import ArchivedMessage, Message
+from ..overview import format_progress, progress_percent
 from ..paginator import EstimatingPaginator
 from ..validation import storable_text
 
@@ -77,6 +78,21 @@ def shown(text: str) -> str:
 def pretty_json(value: Any) -> SafeString:
     """JSON indented in a <pre>, escaped: a payload holding markup shows as text, any stored value renders."""
     return format_html('<pre class="dbqueue-json">{}</pre>', shown(json.dumps(value, indent=2, ensure_ascii=False)))
+
+
+def progress_bar(progress: Any, *, cancel_requested: bool = False) -> SafeString | str:
+    """A handler's progress report as a bar (indeterminate without a total) and its text; "-" when none."""
+    text = format_progress(progress)
+    if not text:
+        return "-"
+    percent = progress_percent(progress.get("done"), progress.get("total"))
+    bar = (
+        format_html('<progress max="100" value="{}"></progress>', percent)
+        if percent is not None
+        else mark_safe("<progress></progress>")  # a constant: indeterminate
+    )
+    flag = mark_safe(' <span class="dbqueue-badge stale">cancel requested</span>') if cancel_requested else ""
+    return format_html('<span class="dbqueue-progress">{} {}{}</span>', bar, shown(text), flag)
 
 
 def flat(fields: Sequence[str | Sequence[str]]) -> list[str]:
@@ -160,6 +176,14 @@ class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, ModelAdmin[Row], Gene
     def headers_pretty(self, obj: Message | ArchivedMessage) -> SafeString:
         return pretty_json(obj.headers)
 
+    @admin.display(description="progress")
+    def progress_shown(self, obj: Message | ArchivedMessage) -> SafeString | str:
+        return progress_bar(obj.progress, cancel_requested=getattr(obj, "cancel_requested_at", None) is not None)
+
+    @admin.display(description="meta")
+    def meta_pretty(self, obj: Message | ArchivedMessage) -> SafeString | str:
+        return "-" if obj.meta is None else pretty_json(obj.meta)
+
     @admin.display(description="last error")
     def last_error_full(self, obj: Message | ArchivedMessage) -> SafeString:
         return full_text(obj.last_error)
@@ -238,7 +262,7 @@ class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, ModelAdmin[Row], Gene
     ) -> list[R]:
         """Run ``operation`` on each selected row (at most ``action_limit``); tell the user what happened.
 
-        ``operation`` returns False for a row it left unchanged (listed by id
+        ``operation`` returns something falsy for a row it left unchanged (listed by id
         under ``skipped``) and raises :class:`DbQueueError` to refuse one
         (its reason shown). Returns the other rows' results.
         """
@@ -251,7 +275,7 @@ class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, ModelAdmin[Row], Gene
             except DbQueueError as exc:
                 refused.append(str(exc))
                 continue
-            if result is False:
+            if not result:
                 unchanged.append(str(row.pk))
             else:
                 results.append(result)

@@ -44,10 +44,12 @@ class MessageAdmin(ReadOnlyQueueAdmin[Message]):
         ("id", "queue_shown", "kind_shown", "key_shown"),
         ("state", "priority", "attempts", "max_attempts", "deferrals"),
         ("created_at", "first_available_at", "available_at", "expires_at"),
-        ("claimed_by", "claimed_at"),
+        ("claimed_by", "claimed_at", "cancel_requested_at"),
         "replay_of",
+        "progress_shown",
         "payload_pretty",
         "headers_pretty",
+        "meta_pretty",
         "last_error_full",
     ]
     readonly_fields = flat(fields)
@@ -68,10 +70,19 @@ class MessageAdmin(ReadOnlyQueueAdmin[Message]):
     def run_now(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:
         self.apply(request, queryset, control.run_now, "made ready now", "In flight, left alone")
 
-    @admin.action(description="Cancel selected messages (archived as cancelled)", permissions=["cancel"])
+    @admin.action(
+        description="Cancel selected messages (running ones: their worker stops them)", permissions=["cancel"]
+    )
     def cancel(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:
         by = request.user.get_username()
-        self.apply(request, queryset, lambda m: control.cancel(m, by=by), "cancelled", "Gone already")
+        results = self.apply(request, queryset, lambda m: control.cancel(m, by=by), "cancelled", "Gone already")
+        requested = results.count(control.CancelResult.REQUESTED)
+        if requested:
+            self.message_user(
+                request,
+                f"{requested} of them running: cancel requested; each is archived as cancelled when its "
+                "worker stops it (at its next heartbeat and the handler's next checkpoint).",
+            )
 
     @admin.action(description="Release the lease of selected messages", permissions=["cancel"])
     def release_lease(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:

@@ -17,7 +17,7 @@ from ..conf import database_for
 from ..exceptions import DbQueueError
 from ..models import QueueState
 from ..overview import Overview, build_overview, format_age
-from .base import ModelAdmin, NoEditForms, OperatorPermissions
+from .base import ModelAdmin, NoEditForms, OperatorPermissions, progress_bar
 from .charts import Series, hourly_bars
 
 
@@ -42,6 +42,21 @@ def overview_rows(overview: Overview) -> tuple[list[dict[str, Any]], list[dict[s
     ]
     workers = [{"worker": w, "silent": format_age(w.silent_for)} for w in overview.workers]
     return queues, workers
+
+
+def running_rows(overview: Overview) -> list[dict[str, Any]]:
+    """The in-flight messages that report progress, each with its bar and a link to its page."""
+    return [
+        {
+            "message": r,
+            "url": reverse("admin:django_dbqueue_message_change", args=[r.id]),
+            "bar": progress_bar(
+                {"done": r.done, "total": r.total, "note": r.note}, cancel_requested=r.cancel_requested
+            ),
+            "running_for": format_age(r.running_for),
+        }
+        for r in overview.running
+    ]
 
 
 @admin.register(QueueState)
@@ -70,6 +85,7 @@ class QueueOverviewAdmin(NoEditForms, OperatorPermissions, ModelAdmin[QueueState
             "overview": overview,
             "rows": rows,
             "workers": workers,
+            "running": running_rows(overview),
             "can_pause": self.has_pause_permission(request),
             "dead_letters_url": reverse("admin:django_dbqueue_deadletter_changelist"),
             "messages_url": reverse("admin:django_dbqueue_message_changelist"),

@@ -88,7 +88,7 @@ def on_finished(sender: Any, message: Any, outcome: str, duration: float, **kwar
 
 
 def on_reaper(sender: Any, report: Any, **kwargs: Any) -> None:
-    for action in ("stale_workers", "released", "poison", "expired", "pruned"):
+    for action in ("stale_workers", "released", "poison", "cancelled", "expired", "pruned"):
         count = getattr(report, action)
         if count:
             REAPER.labels(action).inc(count)

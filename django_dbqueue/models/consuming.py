@@ -62,6 +62,10 @@ class ConsumerActions:
         """
         return self._finish(Outcome.ACKED, worker=worker or "", result=result)
 
+    def archive_cancelled(self: Message, reason: str = "cancelled while it ran") -> bool:  # type: ignore[misc]
+        """Archive as cancelled under the caller's lease: its handler stopped for a cancel request."""
+        return self._finish(Outcome.CANCELLED, error=validation.storable_text(reason))
+
     def fail(self: Message, error: BaseException | str, *, retry: bool = True) -> bool:  # type: ignore[misc]
         """Record a failed attempt: back in the queue after a backoff, or dead when none are left."""
         text = error_text(error)

@@ -32,6 +32,7 @@ from ..exceptions import InvalidOption, NotClaimed, UnknownOption
 from . import events
 from .archive import ArchivedMessage, Outcome
 from .consuming import ConsumerActions
+from .reporting import HandlerReports
 from .statements import (
     MESSAGE_TABLE,
     ack_in_one_statement,
@@ -452,6 +453,33 @@ class MessageQuerySet(models.QuerySet["Message"]):
         """Push the leases of ``ids`` under ``token`` to ``seconds`` from now; a lease already lost stays lost."""
         return self.filter(lease_held(token, ids)).update(available_at=DbNow(seconds))
 
+    # --- cancel and reports of running messages ------------------------------------
+
+    def request_cancel(self, pk: int) -> bool:
+        """Flag message ``pk`` for cancel if it is in flight (its worker stops it); False if it is not in flight.
+
+        A second request keeps the first one's time.
+        """
+        flagged = self.filter(state_filters()[MessageState.IN_FLIGHT], pk=pk)
+        requested_at = Coalesce("cancel_requested_at", DbNow())
+        return with_retries(self.db, lambda: flagged.update(cancel_requested_at=requested_at) == 1, what="cancel")
+
+    def cancel_flagged(self, ids: Iterable[int]) -> set[int]:
+        """Which of ``ids`` an operator asked to cancel (the heartbeat's question, one query)."""
+        return set(self.filter(pk__in=list(ids), cancel_requested_at__isnull=False).values_list("pk", flat=True))
+
+    def reporting(self) -> MessageQuerySet:
+        """In-flight messages whose handler reported progress, longest running first (the overview's list)."""
+        return self.in_flight().filter(progress__isnull=False).order_by("claimed_at", "id")
+
+    def abandoned_cancels(self) -> MessageQuerySet:
+        """Messages flagged for cancel that no worker runs any more (their lease ran out): the reaper's to archive."""
+        return self.ready().filter(cancel_requested_at__isnull=False, lease_token__isnull=False)
+
+    def write_report(self, pk: int, token: str, values: Mapping[str, Any]) -> bool:
+        """Write a running message's ``progress``/``meta`` while lease ``token`` holds (the heartbeat's write)."""
+        return bool(self.filter(lease_held(token, [pk])).update(**values) == 1)
+
     def release_from(self, worker: str) -> int:
         """Give back every message ``worker`` holds (a dead worker's); the attempt it used counts."""
         return self.filter(claimed_by=worker).give_back(count_attempt=True)
@@ -473,7 +501,8 @@ class MessageQuerySet(models.QuerySet["Message"]):
 
         ``match`` picks the row to delete: ``"lease"`` only while the caller's
         lease holds, ``"token"`` while the lease token read earlier is still
-        there (even run out: the reaper), ``"id"`` whoever holds it (operators).
+        there (even run out: the reaper), ``"id"`` whoever holds it, ``"idle"``
+        only while nobody runs it (operators).
         Returns whether it was there to delete, and the archive row written
         (None when archiving is off for an acked message).
         """
@@ -484,6 +513,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
             "lease": lambda: self.using(using).leased(message),
             "token": lambda: self.using(using).filter(pk=message.pk, lease_token=message.lease_token),
             "id": lambda: self.using(using).filter(pk=message.pk),
+            "idle": lambda: self.using(using).filter(pk=message.pk).exclude(state_filters()[MessageState.IN_FLIGHT]),
         }[match]()
         archived: list[ArchivedMessage] = []
 
@@ -564,6 +594,15 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 notes[message.pk] = validation.storable_text(f"{message.last_error}\nresult not kept: {why}".strip())
             elif value is not None:
                 kept[message.pk] = value
+        # The archive rows are copied from the live ones: first write what handlers
+        # reported since the last heartbeat (nothing, for handlers that do not report).
+        for message in messages:
+            unreported = message.unreported()
+            if unreported is not None:
+                count, values = unreported
+                pk, token = message.pk, held_token(message)
+                with_retries(using, lambda: self.write_report(pk, token, values), what="progress of a batch")  # noqa: B023
+                message.reported(count)
 
         if ack_in_one_statement(using):
             archived = [m.pk for m in messages if queue_options(m.queue).archive]
@@ -615,7 +654,7 @@ class MessageManager(BaseMessageManager["Message"]):
     """``Message.objects``: every statement on the live table, also after ``.using(alias)``."""
 
 
-class Message(ConsumerActions, models.Model):
+class Message(ConsumerActions, HandlerReports, models.Model):
     """A live message: ready, scheduled or in flight."""
 
     id = models.BigAutoField(primary_key=True)

@@ -1,7 +1,9 @@
 """The heartbeat: the worker's row, the leases of what it holds, and the periodic summary.
 
 Each beat extends the lease of every message in the ledger (claimed,
-running or waiting for its ack), so long work is not delivered twice, and
+running or waiting for its ack), so long work is not delivered twice,
+writes what handlers reported since the last beat (progress, meta) and
+tells them which of their messages an operator asked to cancel, and
 writes the worker's row, so the reaper knows it is alive. Beats go on
 through the shutdown grace (until ``finished``): running handlers keep
 their leases. Every ``LOG_INTERVAL`` it logs the rate and the queues' depth.
@@ -70,17 +72,44 @@ class Heartbeat:
 
     def beat(self) -> None:
         """Say we are alive and keep the leases of everything we hold."""
-        for (token, seconds), ids in self.held_leases().items():
+        held = self.ledger.leases()
+        for (token, seconds), ids in self.held_leases(held).items():
             Message.objects.using(self.using).extend_leases(token, ids, seconds)
+        self.exchange_reports(held)
         counts = self.ledger.counts()
         if not WorkerRow.objects.using(self.using).beat(self.name, counts.processed, counts.failed):
             # the reaper took us for dead (a long pause); say we are back
             self.register()
 
-    def held_leases(self) -> dict[tuple[str, float], list[int]]:
+    def exchange_reports(self, held: list[Message]) -> None:
+        """Write what handlers reported since the last beat, and flag the messages whose cancel was asked.
+
+        One statement per message that reported, one query for the cancel
+        flags of all the others; none when the worker holds nothing.
+        """
+        messages = Message.objects.using(self.using)
+        listening = []
+        for message in held:
+            token = message.lease_token  # read once: the handler's own release may clear it meanwhile
+            if not token:
+                continue
+            unreported = message.unreported()
+            if unreported is not None:
+                count, values = unreported
+                messages.write_report(message.pk, token, values)
+                message.reported(count)
+            if not message.cancel_requested():
+                listening.append(message)
+        if listening:
+            flagged = messages.cancel_flagged(message.pk for message in listening)
+            for message in listening:
+                if message.pk in flagged:
+                    message.heard_cancel()
+
+    def held_leases(self, held: list[Message]) -> dict[tuple[str, float], list[int]]:
         """What the worker holds, as {(lease token, lease seconds): [ids]}."""
         groups: dict[tuple[str, float], list[int]] = {}
-        for message in self.ledger.leases():
+        for message in held:
             if message.lease_token:
                 groups.setdefault((message.lease_token, self.lease_seconds(message.queue)), []).append(message.pk)
         return groups

@@ -113,3 +113,17 @@ def poison_values(message):
 def defer_always(message):
     """Puts its message off every time: the queue's MAX_DEFERRALS ends it."""
     raise django_dbqueue.Defer(delay=0)
+
+
+@django_dbqueue.handler("w-cancel")
+def cancellable(message):
+    """Works ``steps`` steps of 0.1 s, reporting progress at each (a checkpoint); ``"report": false`` never does."""
+    mark("start", message)
+    steps = message.payload.get("steps", 600)
+    for step in range(steps):
+        if message.payload.get("report", True):
+            message.set_progress(step, steps, note=f"step {step}")
+            message.update_meta(step=step)
+        time.sleep(0.1)
+    mark("done", message)
+    return "finished"
