@@ -88,13 +88,20 @@ def cpu_seconds() -> float:
 def orm_worker(
     queue: str, batch_size: int, until_empty: bool = True, max_runtime: float | None = None, handler: str = "noop"
 ) -> None:
+    run_orm_worker(queue, batch_size, until_empty, max_runtime, HANDLERS[handler])
+
+
+def run_orm_worker(
+    queue: str, batch_size: int, until_empty: bool, max_runtime: float | None, handler: Callable[[Any], None]
+) -> None:
+    """A worker with the benchmark's batch size and quick polling, running ``handler``."""
     QueueWorker(
         WorkerConfig(
             queues=[queue],
             batch_size=batch_size,
             until_empty=until_empty,
             max_runtime=max_runtime,
-            handler=HANDLERS[handler],
+            handler=handler,
             poll_interval=0.01,
             max_poll_interval=0.05,
         )
@@ -115,17 +122,7 @@ def memory_worker(
 ) -> None:
     """An ORM worker over the queue's messages, reporting its RSS after each tenth of them (the memory phase)."""
     sampler = RssByTenth(Message.objects.using(WRITE_USING).filter(queue=queue).count())
-    QueueWorker(
-        WorkerConfig(
-            queues=[queue],
-            batch_size=batch_size,
-            until_empty=until_empty,
-            max_runtime=max_runtime,
-            handler=sampler,
-            poll_interval=0.01,
-            max_poll_interval=0.05,
-        )
-    ).run()
+    run_orm_worker(queue, batch_size, until_empty, max_runtime, sampler)
     REPORTED["rss_by_tenth_mb"] = sampler.samples
 
 
