@@ -11,6 +11,22 @@ if not any(ep.value == "django_dbqueue.testing.pytest_plugin" for ep in entry_po
 
 
 @pytest.fixture
+def handler():
+    """``handler(queue, kind=None)``: ``@django_dbqueue.handler`` for one test only."""
+    from django_dbqueue import handlers
+
+    registered = []
+
+    def register(queue, kind=None):
+        registered.append((queue, kind))
+        return handlers.handler(queue, kind)
+
+    yield register
+    for queue, kind in registered:
+        handlers.unregister(queue, kind)
+
+
+@pytest.fixture
 def archive_and_live_counts():
     """A callable returning (live, archived) row counts: bad input must change neither."""
     from django_dbqueue.models import ArchivedMessage, Message

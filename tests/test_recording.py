@@ -16,7 +16,6 @@ import pytest
 from django.db import DataError, InterfaceError, connection
 
 import django_dbqueue
-from django_dbqueue import handlers
 from django_dbqueue.models import ArchivedMessage, Message, MessageQuerySet, Outcome
 from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
 
@@ -44,19 +43,6 @@ def fail_once(monkeypatch, method: str, error: Exception) -> dict:
 
     monkeypatch.setattr(MessageQuerySet, method, patched)
     return counts
-
-
-@pytest.fixture
-def handler():
-    registered = []
-
-    def register(queue, kind=None):
-        registered.append((queue, kind))
-        return handlers.handler(queue, kind)
-
-    yield register
-    for queue, kind in registered:
-        handlers.unregister(queue, kind)
 
 
 # --- weather ---------------------------------------------------------------------------

@@ -13,20 +13,6 @@ from django_dbqueue.running import HandlerOutcome, process
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def handler():
-    """Register handlers for one test only."""
-    registered = []
-
-    def register(queue, kind=None):
-        registered.append((queue, kind))
-        return handlers.handler(queue, kind)
-
-    yield register
-    for queue, kind in registered:
-        handlers.unregister(queue, kind)
-
-
 def claim_one(payload=None, **options):
     django_dbqueue.enqueue("jobs", payload or {}, **options)
     return Message.objects.claim("jobs")[0]

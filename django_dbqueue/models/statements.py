@@ -27,14 +27,12 @@ if TYPE_CHECKING:
 MESSAGE_TABLE = "dbqueue_message"
 ARCHIVE_TABLE = "dbqueue_archive"
 
+# What a producer says of a message: the first columns of both lists below.
+ENQUEUED = ("queue", "kind", "key", "payload", "headers", "priority")
+
 # Columns an archive row takes unchanged from the live row.
 COPIED = (
-    "queue",
-    "kind",
-    "key",
-    "payload",
-    "headers",
-    "priority",
+    *ENQUEUED,
     "created_at",
     "first_available_at",
     "claimed_at",
@@ -172,12 +170,7 @@ def ack_leased(
 
 # Columns a producer's INSERT fills; the rest take their database defaults.
 INSERTED = (
-    "queue",
-    "kind",
-    "key",
-    "payload",
-    "headers",
-    "priority",
+    *ENQUEUED,
     "available_at",
     "first_available_at",
     "created_at",
