@@ -69,8 +69,8 @@ def browser(tmp_path):
 def navigate(driver, element) -> None:
     """Click something that loads a page, and wait until the old page is gone.
 
-    Without the wait, the next lookup can read the page being left (its
-    message list, its rows) on a slow machine.
+    Without the waits, the next lookup can read the page being left (its
+    message list, its rows), or a page still loading, on a slow machine.
     """
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
@@ -78,6 +78,9 @@ def navigate(driver, element) -> None:
     old = driver.find_element("tag name", "html")
     element.click()
     WebDriverWait(driver, 60).until(expected_conditions.staleness_of(old))
+    # The old page is gone; wait for the new one to finish loading too, or an
+    # element found now may belong to a document still being replaced.
+    WebDriverWait(driver, 60).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
 def text_of(driver, css: str) -> str:
