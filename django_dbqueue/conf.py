@@ -78,6 +78,12 @@ def _boolean(value: Any) -> str | None:
     return None if isinstance(value, bool) else f"must be True or False, not {value!r}"
 
 
+def _nudge_host(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value and value == value.strip() and len(value) <= 255):
+        return None
+    return f"must be the address workers bind their wake-up socket to (such as '127.0.0.1') or None, not {value!r}"
+
+
 def _choice(*choices: str) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         return None if value in choices else f"must be one of {', '.join(map(repr, choices))}, not {value!r}"
@@ -155,6 +161,10 @@ GLOBAL_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     "METRICS": (False, _boolean),
     # OpenTelemetry spans and trace context in headers (the extra "otel"; docs/tracing.md).
     "TRACING": (False, _boolean),
+    # Where there is no LISTEN/NOTIFY (MySQL/MariaDB, SQLite), each worker binds a
+    # UDP socket here and an enqueue nudges the idle workers of its queue
+    # (docs/workers.md, "Waking idle workers"); None: workers only poll.
+    "NUDGE_HOST": ("127.0.0.1", _nudge_host),
 }
 
 
@@ -199,6 +209,7 @@ class DbQueueSettings:
     mode: str
     metrics: bool
     tracing: bool
+    nudge_host: str | None
     defaults: QueueOptions
     queues: dict[str, QueueOptions] = field(default_factory=dict)
     # DBQUEUE["SCHEDULES"], checked: name -> ScheduleSpec (django_dbqueue.schedules.spec).

@@ -3,15 +3,26 @@
 PostgreSQL has ``LISTEN/NOTIFY``: a statement-level trigger (installed by
 migration 0002, whose SQL is frozen there) notifies once per INSERT
 statement and queue, delivered at commit, so a worker never wakes for a
-message it cannot see yet. Plain-SQL producers trigger it too. Other
-databases have no such thing: their workers poll.
+message it cannot see yet. Plain-SQL producers trigger it too.
+
+MySQL/MariaDB and SQLite have no such thing. There each worker binds a UDP
+socket (:class:`NudgeReceiver`) and writes its address in its worker row;
+after an enqueue commits, the producer sends the queue's name to the
+workers of that queue (:func:`nudge`). Datagrams can be lost, and
+plain-SQL producers send none: it only shortens the wait, workers still
+poll, and nothing depends on a nudge arriving.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 from collections.abc import Callable, Iterator
 
 from django.db import connections
+
+MAX_DATAGRAM = 512  # a queue name is at most 64 characters
 
 NOTIFY_CHANNEL = "dbqueue"
 
@@ -41,3 +52,58 @@ def notifications(using: str, stop: Callable[[], bool], timeout: float = 1.0) ->
                 yield notify.payload
             if not got:
                 yield None
+
+
+def nudge_target(address: str) -> tuple[str, int]:
+    """``"host:port"`` (``"[v6]:port"``) as a socket address."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class NudgeReceiver:
+    """A worker's wake-up endpoint: a UDP socket on ``host``, any free port."""
+
+    def __init__(self, host: str) -> None:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(host, 0, type=socket.SOCK_DGRAM)[0]
+        self.socket = socket.socket(family, kind, proto)
+        try:
+            self.socket.bind(sockaddr)
+        except OSError:
+            self.socket.close()
+            raise
+        self.socket.settimeout(1.0)  # how often run() looks at its stop flag
+
+    @property
+    def address(self) -> str:
+        """Where producers send: ``host:port``, or ``[host]:port`` for IPv6."""
+        host, port = self.socket.getsockname()[:2]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def run(self, stop: Callable[[], bool], heard: Callable[[str], None]) -> None:
+        """Call ``heard(queue)`` for each datagram until ``stop()``; then close the socket."""
+        try:
+            while not stop():
+                try:
+                    data = self.socket.recv(MAX_DATAGRAM)
+                except TimeoutError:
+                    continue
+                heard(data.decode(errors="replace"))
+        finally:
+            self.socket.close()
+
+
+_senders: dict[int, socket.socket] = {}
+_senders_lock = threading.Lock()
+
+
+def nudge(address: str, queue: str) -> None:
+    """Send ``queue`` to the worker at ``address``; best effort: an error is dropped, never raised."""
+    with contextlib.suppress(OSError, ValueError):
+        host, port = nudge_target(address)
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with _senders_lock:  # one socket per address family and process, shared by its threads
+            sender = _senders.get(family)
+            if sender is None:
+                sender = _senders[family] = socket.socket(family, kind, proto)
+                sender.setblocking(False)  # a full buffer drops the nudge rather than wait
+        sender.sendto(queue.encode(), sockaddr)

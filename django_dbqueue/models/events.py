@@ -14,6 +14,7 @@ from django.db import connections, transaction
 from django.dispatch import Signal
 
 from .. import signals
+from . import wakeups
 
 if TYPE_CHECKING:
     from .archive import ArchivedMessage
@@ -83,7 +84,8 @@ def _unsettled(row: ArchivedMessage) -> bool:
 
 
 def enqueued(messages: list[Message], using: str) -> None:
-    """``message_enqueued`` for each message the call inserted (not for a live key found)."""
+    """``message_enqueued`` for each message the call inserted (not for a live key found); workers nudged."""
+    wakeups.after_enqueue(using, (m.queue for m in messages if m.was_created))
     if listened(signals.message_enqueued):
         send(signals.message_enqueued, using, [{"message": m, "queue": m.queue} for m in messages if m.was_created])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 
@@ -12,14 +13,32 @@ from ..db.errors import with_retries
 from ..db.transactions import write_transaction
 
 
+def is_loopback(address: str) -> bool:
+    """Whether a nudge address (``host:port``) is on the loopback interface."""
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 class WorkerQuerySet(models.QuerySet["Worker"]):
-    def register(self, name: str, queues: list[str], concurrency: int, processed: int = 0, failed: int = 0) -> None:
+    def register(
+        self,
+        name: str,
+        queues: list[str],
+        concurrency: int,
+        processed: int = 0,
+        failed: int = 0,
+        nudge_address: str = "",
+    ) -> None:
         """Create the worker's row, or bring it back after the reaper took the worker for dead."""
         values = {
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "queues": queues,
             "concurrency": concurrency,
+            "nudge_address": nudge_address,
             "last_heartbeat_at": DbNow(),
         }
 
@@ -50,6 +69,23 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
         """
         return self.select_for_update().stale(after).filter(name=name).exists()
 
+    def nudge_addresses(self) -> dict[str, list[str]]:
+        """``{queue: [address]}`` of the workers that take nudges (docs/workers.md, "Waking idle workers").
+
+        A loopback address reaches only the producer's own host: workers of
+        other hosts that bound one are left out.
+        """
+        here = socket.gethostname()
+        targets: dict[str, list[str]] = {}
+        for hostname, queues, address in self.exclude(nudge_address="").values_list(
+            "hostname", "queues", "nudge_address"
+        ):
+            if hostname != here and is_loopback(address):
+                continue
+            for queue in queues:
+                targets.setdefault(queue, []).append(address)
+        return targets
+
     def unregister(self, name: str) -> None:
         self.filter(name=name).delete()
 
@@ -66,6 +102,9 @@ class Worker(models.Model):
     last_heartbeat_at = models.DateTimeField()
     processed = models.PositiveBigIntegerField(default=0)
     failed = models.PositiveBigIntegerField(default=0)
+    nudge_address = models.CharField(
+        max_length=64, blank=True, default="", help_text="Where an enqueue nudges it awake (not on PostgreSQL)."
+    )
 
     objects = WorkerQuerySet.as_manager()
 

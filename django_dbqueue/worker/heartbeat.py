@@ -46,6 +46,7 @@ class Heartbeat:
         self.concurrency = concurrency
         self.visibility_timeout = visibility_timeout
         self.ledger = ledger
+        self.nudge_address = ""  # the worker's wake-up socket, where producers nudge it (worker/listener.py)
 
     def lease_seconds(self, queue: str) -> float:
         """The lease a claim of ``queue`` gets: --visibility-timeout, else the queue's VISIBILITY_TIMEOUT."""
@@ -131,7 +132,7 @@ class Heartbeat:
     def register(self) -> None:
         counts = self.ledger.counts()
         WorkerRow.objects.using(self.using).register(
-            self.name, self.queues, self.concurrency, counts.processed, counts.failed
+            self.name, self.queues, self.concurrency, counts.processed, counts.failed, self.nudge_address
         )
 
     def unregister(self) -> None:

@@ -1,8 +1,8 @@
 """The worker process: starts its threads, stops them, and says how it ended.
 
 One :class:`QueueWorker` is one ``runqueueworker`` process: ``concurrency``
-consumer threads (:mod:`.consumer`), a heartbeat (:mod:`.heartbeat`), on
-PostgreSQL a listener (:mod:`.listener`), with ``--reap`` a reaper
+consumer threads (:mod:`.consumer`), a heartbeat (:mod:`.heartbeat`), a
+listener (:mod:`.listener`: NOTIFY on PostgreSQL, nudges elsewhere), with ``--reap`` a reaper
 (:meth:`django_dbqueue.reaper.Reaper.loop`). What they hold is in one
 :class:`~.ledger.Ledger`; the events they share and what a crash does are
 in :class:`~.lifecycle.Lifecycle`.
@@ -58,6 +58,7 @@ class QueueWorker:
         self.poll_interval = config.poll_interval or dbq.poll_interval
         self.max_poll_interval = max(config.max_poll_interval or dbq.max_poll_interval, self.poll_interval)
         self.grace = dbq.shutdown_grace if config.grace is None else config.grace
+        self.nudge_host = dbq.nudge_host
         self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         # Every worker takes part in firing the schedules of its database, unless told not to.
         self.scheduler = Scheduler(using=self.using) if config.schedules else None
@@ -106,13 +107,14 @@ class QueueWorker:
         started = time.monotonic()
         life = self.lifecycle
         self._install_signals()
+        listener = Listener(name=self.name, queues=self.queues, using=self.using, nudge_host=self.nudge_host)
+        self.heartbeat.nudge_address = listener.open()  # in the worker row, for producers to nudge
         self.heartbeat.register()
         paused = PausedQueues(self.using)
         consumers = [
             life.thread(self.consumer(n, paused).run, f"dbqueue-consumer-{n}") for n in range(self.config.concurrency)
         ]
         helpers = [life.thread(lambda: self.heartbeat.run(life.finished), "dbqueue-heartbeat")]
-        listener = Listener(name=self.name, queues=self.queues, using=self.using)
         if listener.available():
             helpers.append(life.thread(lambda: listener.run(life.stopping, life.wake), "dbqueue-listener"))
         if self.config.reap:

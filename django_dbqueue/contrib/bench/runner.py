@@ -70,6 +70,7 @@ class BenchConfig:
     repeat: int = 1
     soak_messages: int = 1_000_000
     idle_seconds: float = 10.0
+    nudges: bool = True  # False: workers wait for their poll only (MySQL/MariaDB, SQLite)
 
 
 @dataclass
@@ -115,16 +116,20 @@ def median_result(results: list[Result]) -> Result:
 
 
 @contextlib.contextmanager
-def bench_queues_on(database: str) -> Iterator[None]:
-    """Route the benchmark's queues to ``database`` (children get ``--database`` too)."""
-    if database == "default":
+def bench_queues_on(database: str, nudges: bool = True) -> Iterator[None]:
+    """Route the benchmark's queues to ``database``, and turn nudges off if asked (children get both too)."""
+    if database == "default" and nudges:
         yield
         return
     raw = dict(getattr(settings, "DBQUEUE", {}))
-    queues = dict(raw.get("QUEUES", {}))
-    for name in ("enqueue", "enqueue_many", "drain", "latency", "claim", "memory", "soak", "soak-probe", "idle"):
-        queues[PREFIX + name] = {**queues.get(PREFIX + name, {}), "DATABASE": database}
-    with override_settings(DBQUEUE={**raw, "QUEUES": queues}):
+    if database != "default":
+        queues = dict(raw.get("QUEUES", {}))
+        for name in ("enqueue", "enqueue_many", "drain", "latency", "claim", "memory", "soak", "soak-probe", "idle"):
+            queues[PREFIX + name] = {**queues.get(PREFIX + name, {}), "DATABASE": database}
+        raw["QUEUES"] = queues
+    if not nudges:
+        raw["NUDGE_HOST"] = None
+    with override_settings(DBQUEUE=raw):
         yield
 
 
@@ -134,6 +139,8 @@ def spawn(
     """A child process running ``role`` (see :mod:`.roles`) with this process's settings."""
     command = [sys.executable, "-m", "django", "queuebench", "--role", role, "--queue", queue]
     command += ["--batch-size", str(batch_size or config.batch_size), "--database", config.database, *extra]
+    if not config.nudges:
+        command.append("--no-nudges")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", ""))
     return subprocess.Popen(command, env=env)
@@ -158,7 +165,7 @@ class QueueBench:
     def run(self) -> list[Result]:
         """Every phase ``repeat`` times; each figure is the median of the runs (ratios: of per-run ratios)."""
         runs: dict[str, list[Result]] = {}
-        with bench_queues_on(self.using):
+        with bench_queues_on(self.using, self.config.nudges):
             for number in range(1, self.config.repeat + 1):
                 for phase in self.config.phases:
                     self.say(f"{phase} (run {number} of {self.config.repeat}) ...")
@@ -277,11 +284,15 @@ class QueueBench:
         return [self._drain_phase(name, workers=1, batch_size=1, messages=messages, handler="noop")]
 
     def phase_latency(self) -> list[Result]:
-        """Enqueue at a fixed rate while workers run; latency = claim time - enqueue time."""
+        """Enqueue at a fixed rate while workers run; latency = claim time - enqueue time.
+
+        The workers are as ``runqueueworker`` starts them with no flags (their
+        own polling): the wait a user gets, nudges included where they apply.
+        """
         queue = PREFIX + "latency"
         runtime = str(self.config.latency_seconds + 60)
         workers = [
-            spawn("orm-worker", queue, self.config, "--forever", "--max-runtime", runtime)
+            spawn("default-worker", queue, self.config, "--forever", "--max-runtime", runtime)
             for _ in range(self.config.workers)
         ]
         time.sleep(3)  # let them start and settle into polling
@@ -308,6 +319,7 @@ class QueueBench:
             "p99_ms": percentile(waits, 99),
             "offered_rate": self.config.rate,
             "messages": total,
+            "nudges": self.config.nudges,
         }
         return [Result(f"end-to-end latency p50 at {self.config.rate}/s", extra["p50_ms"], "ms", None, extra)]
 

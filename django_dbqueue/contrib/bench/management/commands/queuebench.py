@@ -55,6 +55,11 @@ class Command(BaseCommand):
             "--idle-seconds", type=float, default=10.0, help="How long the idle phase watches an idle worker's CPU."
         )
         parser.add_argument("--repeat", type=positive_int, default=1, help="Runs of every phase; medians reported.")
+        parser.add_argument(
+            "--no-nudges",
+            action="store_true",
+            help="Workers wait for their poll only: no wake-up datagrams after an enqueue (MySQL/MariaDB, SQLite).",
+        )
         parser.add_argument("--json", action="store_true", help="Print the results as JSON.")
         # Internal: what the benchmark's own child processes run.
         parser.add_argument("--role", choices=sorted(ROLES), help="(internal)")
@@ -68,7 +73,7 @@ class Command(BaseCommand):
         from django.conf import settings
 
         if options["role"]:
-            with bench_queues_on(options["database"]):
+            with bench_queues_on(options["database"], nudges=not options["no_nudges"]):
                 run_role(
                     options["role"],
                     options["queue"],
@@ -100,6 +105,7 @@ class Command(BaseCommand):
             repeat=options["repeat"],
             soak_messages=options["soak_messages"],
             idle_seconds=options["idle_seconds"],
+            nudges=not options["no_nudges"],
         )
         if config.idle_seconds <= 0:
             raise CommandError("--idle-seconds must be positive")
