@@ -227,3 +227,34 @@ def test_reapqueue_interval_is_bounded(value):
 
     with pytest.raises(CommandError, match="invalid positive_float value"):
         call_command("reapqueue", "--loop", "--interval", value)
+
+
+def pg_dead_rows(table: str) -> tuple[int, object]:
+    """(n_dead_tup, last_vacuum) of ``table``, once this session's statistics reached the server (PostgreSQL 15+)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT n_dead_tup, last_vacuum FROM pg_stat_user_tables WHERE relname = %s", [table])
+        return cursor.fetchone()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="VACUUM is PostgreSQL's; InnoDB purges by itself")
+def test_dead_rows_that_pile_up_are_vacuumed_outside_transactions_only():
+    from django.db import transaction
+
+    from django_dbqueue.db.stats import vacuum_if_bloated
+
+    if connection.pg_version < 150000:
+        pytest.skip("the test reads statistics flushed on demand, from PostgreSQL 15 on")
+    table = Message._meta.db_table
+    django_dbqueue.enqueue_many("q", [{}] * 300)
+    Message.objects.all().delete()
+    dead, _ = pg_dead_rows(table)
+    assert dead >= 300
+    assert not vacuum_if_bloated("default", table)  # 300 dead rows are not worth a VACUUM
+    with transaction.atomic():
+        assert not vacuum_if_bloated("default", table, min_dead=100)  # VACUUM cannot run in a transaction
+    assert vacuum_if_bloated("default", table, min_dead=100)
+    dead, vacuumed_at = pg_dead_rows(table)
+    assert dead == 0 and vacuumed_at is not None

@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -413,8 +414,9 @@ class QueueBench:
         the queue stays live rather than becoming a bulk drain. After each
         chunk a probe times one claim statement on a side queue of the same
         table (what index bloat or purge lag slows down). Throughput per
-        tenth comes from the archive's finish times. Sizes of the live table
-        and its indexes: before, after the drain, after a reaper pass.
+        tenth comes from the archive's finish times. A reaper loop runs
+        beside, as in a deployment. Sizes of the live table and its indexes:
+        before, after the drain, after one more reaper pass.
         """
         total = self.config.soak_messages
         queue, probe = PREFIX + "soak", PREFIX + "soak-probe"
@@ -431,6 +433,10 @@ class QueueBench:
         ]
         probes: list[list[float]] = [[] for _ in range(10)]
         enqueued = 0
+        # A reaper runs beside, as in a deployment (reapqueue --loop, or runqueueworker --reap).
+        reaping = threading.Event()
+        reaper = threading.Thread(target=Reaper(self.using).loop, args=(reaping,), name="queuebench-reaper")
+        reaper.start()
         try:
             while enqueued < total:
                 if live.count() >= cap:
@@ -450,10 +456,12 @@ class QueueBench:
             while live.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
         finally:
+            reaping.set()
             for worker in workers:
                 worker.send_signal(signal.SIGTERM)
             for worker in workers:
                 worker.wait(timeout=120)
+            reaper.join(timeout=600)
         done = archive.count()
         distinct = archive.values("message_id").distinct().count()
         if done != total or distinct != total or live.exists():
