@@ -51,6 +51,43 @@ def test_a_nudge_reaches_the_receiver_and_a_lost_one_raises_nothing(receiver):
         notify.nudge(address, "emails")
 
 
+def test_a_failing_socket_is_waited_out_not_raised(caplog):
+    """A receive error (staged: the kernel gives none on demand) must not end the listener, or the worker."""
+    endpoint = notify.NudgeReceiver("127.0.0.1")
+    real = endpoint.socket
+
+    class Failing:
+        """The socket, but its first receive fails."""
+
+        failed = False
+
+        def recv(self, size):
+            if not Failing.failed:
+                Failing.failed = True
+                raise OSError(105, "No buffer space available")
+            return real.recv(size)
+
+        def getsockname(self):
+            return real.getsockname()
+
+        def close(self):
+            real.close()
+
+    endpoint.socket = Failing()
+    heard: stdlib_queue.Queue[str] = stdlib_queue.Queue()
+    stop = threading.Event()
+    thread = threading.Thread(target=endpoint.run, args=(stop.is_set, heard.put), kwargs={"pause": 0.01})
+    thread.start()
+    try:
+        notify.nudge(endpoint.address, "emails")
+        assert heard.get(timeout=5) == "emails"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert Failing.failed and "No buffer space available" in caplog.text
+    assert real.fileno() == -1  # closed when it stopped
+
+
 @no_notify
 def test_an_enqueue_nudges_the_workers_of_its_queue_once_it_commits(receiver):
     address, heard = receiver

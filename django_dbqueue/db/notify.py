@@ -16,13 +16,17 @@ poll, and nothing depends on a nudge arriving.
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 from django.db import connections
 
 MAX_DATAGRAM = 512  # a queue name is at most 64 characters
+
+logger = logging.getLogger("django_dbqueue")
 
 NOTIFY_CHANNEL = "dbqueue"
 
@@ -79,13 +83,21 @@ class NudgeReceiver:
         host, port = self.socket.getsockname()[:2]
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def run(self, stop: Callable[[], bool], heard: Callable[[str], None]) -> None:
-        """Call ``heard(queue)`` for each datagram until ``stop()``; then close the socket."""
+    def run(self, stop: Callable[[], bool], heard: Callable[[str], None], *, pause: float = 1.0) -> None:
+        """Call ``heard(queue)`` for each datagram until ``stop()``; then close the socket.
+
+        An error of the socket is logged and waited out (``pause`` seconds),
+        never raised: the worker must not stop for want of a shortcut.
+        """
         try:
             while not stop():
                 try:
                     data = self.socket.recv(MAX_DATAGRAM)
                 except TimeoutError:
+                    continue
+                except OSError as exc:
+                    logger.warning("nudge socket %s failed (%s); polling until it recovers", self.address, exc)
+                    time.sleep(pause)
                     continue
                 heard(data.decode(errors="replace"))
         finally:
