@@ -28,6 +28,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_dbqueue",
+    # The benchmark (manage.py queuebench, docs/benchmarks.md); it needs nothing more.
+    "django_dbqueue.contrib.bench",
     "shop",
 ]
 MIDDLEWARE = [
