@@ -13,9 +13,10 @@ Each pass, under a database lock so that only one reaper acts at a time:
 4. archive rows older than their queue's ``RETENTION_DAYS`` are deleted, in
    batches of ``REAP_BATCH_SIZE`` so no statement holds locks for long;
 5. on PostgreSQL, the live table and the archive are vacuumed when their
-   dead rows pile up (autovacuum off or lagging), and the live table is
-   analysed when much of it changed, so the claim keeps walking its index
-   (see ``db.stats``).
+   dead rows pile up (autovacuum off or lagging), the live table's indexes
+   are rebuilt once a drained backlog left them large, and the live table
+   is analysed when much of it changed, so the claim keeps walking its
+   index (see ``db.stats``).
 
 :meth:`Reaper.loop` runs a pass every ``REAP_INTERVAL`` seconds for both
 ``reapqueue --loop`` and ``runqueueworker --reap``.
@@ -38,7 +39,7 @@ from .conf import get_settings, queue_options
 from .db import transactions
 from .db.clock import db_now
 from .db.errors import DATABASE_TROUBLE, with_retries
-from .db.stats import refresh_statistics, vacuum_if_bloated
+from .db.stats import refresh_statistics, shrink_indexes, vacuum_if_bloated
 from .db.transactions import write_transaction
 from .models import ArchivedMessage, Message, Outcome, Worker, events
 from .operations import finish
@@ -64,6 +65,7 @@ class ReapReport:
     expired: int = 0
     pruned: int = 0
     vacuumed: bool = False
+    reindexed: bool = False
     analyzed: bool = False
 
     @property
@@ -76,6 +78,7 @@ class ReapReport:
             f"{self.poison} poison message(s) dead-lettered, {self.cancelled} cancelled, {self.expired} expired, "
             f"{self.pruned} archive row(s) pruned"
             + (", dead rows vacuumed" if self.vacuumed else "")
+            + (", indexes rebuilt" if self.reindexed else "")
             + (", statistics refreshed" if self.analyzed else "")
         )
 
@@ -101,6 +104,7 @@ class Reaper:
             report.pruned += self.prune()
             tables = (Message._meta.db_table, ArchivedMessage._meta.db_table)
             report.vacuumed = any([vacuum_if_bloated(self.using, table) for table in tables])  # both, always
+            report.reindexed = shrink_indexes(self.using, Message._meta.db_table)
             report.analyzed = refresh_statistics(self.using, Message._meta.db_table)
         if signals.reaper_passed.receivers:  # metrics (docs/metrics.md)
             signals.reaper_passed.send_robust(Reaper, report=report, using=self.using)

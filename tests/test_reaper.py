@@ -258,3 +258,40 @@ def test_dead_rows_that_pile_up_are_vacuumed_outside_transactions_only():
     assert vacuum_if_bloated("default", table, min_dead=100)
     dead, vacuumed_at = pg_dead_rows(table)
     assert dead == 0 and vacuumed_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="REINDEX giving B-tree pages back: PostgreSQL only")
+def test_indexes_left_large_by_a_drained_backlog_are_rebuilt_unless_a_writer_holds_the_table():
+    import psycopg
+
+    from django_dbqueue.db.stats import shrink_indexes, vacuum_if_bloated
+
+    table = Message._meta.db_table
+
+    def index_bytes() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_indexes_size(%s::regclass)", [table])
+            return cursor.fetchone()[0]
+
+    if connection.pg_version < 150000:
+        pytest.skip("the test reads statistics flushed on demand, from PostgreSQL 15 on")
+    django_dbqueue.enqueue_many("q", [{}] * 20_000)
+    Message.objects.all().delete()
+    pg_dead_rows(table)  # the delete's statistics, flushed
+    assert vacuum_if_bloated("default", table, min_dead=1)  # as the reaper's pass before: the table is empty now
+    bloated = index_bytes()
+    assert bloated > 1_000_000
+    assert not shrink_indexes("default", table)  # under the default 8 MB: not worth blocking writers
+    # A producer's open transaction holds the table: the rebuild waits for its lock 200 ms, then gives up.
+    with psycopg.connect(**connection.get_connection_params()) as writer:
+        writer.execute(f"LOCK TABLE {table} IN ROW EXCLUSIVE MODE")
+        started = time.monotonic()
+        assert not shrink_indexes("default", table, min_bytes=100_000, lock_timeout_ms=200)
+        assert time.monotonic() - started < 30
+        writer.rollback()
+    assert index_bytes() == bloated
+    assert shrink_indexes("default", table, min_bytes=100_000)
+    assert index_bytes() < bloated / 5
+    django_dbqueue.enqueue("q", {})  # the rebuilt indexes serve as before
+    assert Message.objects.claim("q")

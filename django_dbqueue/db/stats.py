@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db import connections
+from django.db import OperationalError, connections, transaction
 
 
 def refresh_statistics(using: str, table: str, *, force: bool = False) -> bool:
@@ -53,6 +53,49 @@ def vacuum_if_bloated(using: str, table: str, *, min_dead: int = VACUUM_MIN_DEAD
         if row is None or row[0] < max(min_dead, VACUUM_DEAD_SHARE * row[1]):
             return False
         cursor.execute(f"VACUUM (ANALYZE) {connection.ops.quote_name(table)}")
+    return True
+
+
+# An almost empty table whose indexes are this large was bloated by a backlog since drained.
+SHRINK_MAX_LIVE = 1_000
+SHRINK_MIN_INDEX_BYTES = 8 * 1024 * 1024
+SHRINK_LOCK_TIMEOUT_MS = 500
+
+
+def shrink_indexes(
+    using: str,
+    table: str,
+    *,
+    max_live: int = SHRINK_MAX_LIVE,
+    min_bytes: int = SHRINK_MIN_INDEX_BYTES,
+    lock_timeout_ms: int = SHRINK_LOCK_TIMEOUT_MS,
+) -> bool:
+    """On PostgreSQL, rebuild ``table``'s indexes once a drained backlog left them large; returns whether it did.
+
+    VACUUM lets a B-tree reuse its emptied pages but never gives them back:
+    after a backlog of a million messages the live table's indexes keep
+    tens of megabytes for a table of a few rows. With at most ``max_live``
+    rows left, ``REINDEX TABLE`` takes milliseconds, but it blocks writers
+    meanwhile: it waits for its lock at most ``lock_timeout_ms`` (a long
+    transaction on the table: skipped, tried again next pass), inside a
+    transaction of its own. Skipped inside the caller's transaction.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT s.n_live_tup, pg_indexes_size(s.relid) FROM pg_stat_user_tables s WHERE s.relname = %s", [table]
+        )
+        row = cursor.fetchone()
+    if row is None or row[0] > max_live or row[1] < min_bytes:
+        return False
+    try:
+        with transaction.atomic(using=using), connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+            cursor.execute(f"REINDEX TABLE {connection.ops.quote_name(table)}")
+    except OperationalError:  # the lock was not free in time; the next pass tries again
+        return False
     return True
 
 
