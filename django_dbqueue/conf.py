@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,63 @@ def _choice(*choices: str) -> Callable[[Any], str | None]:
     return check
 
 
+def _optional_integer(minimum: int, maximum: int) -> Callable[[Any], str | None]:
+    check = _integer(minimum, maximum)
+    return lambda value: None if value is None else check(value)
+
+
+def _kind_limits(value: Any) -> str | None:
+    """``{"kind": n}``: per-kind overrides of GROUP_CONCURRENCY."""
+    if not isinstance(value, dict):
+        return f'must be a dict of kind to a limit, like {{"export": 1}}, not {value!r}'
+    for kind, limit in value.items():
+        if not isinstance(kind, str):
+            return f"must have kind names (strings) as keys, not {kind!r}"
+        if (why := _integer(1, 10_000)(limit)) is not None:
+            return f"[{kind!r}] {why}"
+    return None
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """``RATE_LIMIT`` parsed: at most ``count`` claims in any ``seconds`` (per group when ``per_group``)."""
+
+    count: int
+    seconds: float
+    per_group: bool
+
+    def __str__(self) -> str:
+        unit = {1.0: "s", 60.0: "m", 3600.0: "h"}[self.seconds]
+        return f"{self.count}/{unit}" + (" per group" if self.per_group else "")
+
+
+RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+# Each allowed claim is a row (a slot) the database locks: the limit bounds that table.
+RATE_MAX_COUNT = 10_000
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*(per group)?\s*$")
+
+
+def parse_rate_limit(value: Any) -> RateLimit | None:
+    """``"100/s"``, ``"20/m"``, ``"5/s per group"`` as a RateLimit; None stays None; InvalidOption otherwise."""
+    if value is None:
+        return None
+    found = _RATE.match(value) if isinstance(value, str) else None
+    if found is None:
+        raise InvalidOption(f'must be a rate such as "100/s", "20/m", "1000/h" or "5/s per group", not {value!r}')
+    count = int(found.group(1))
+    if not 1 <= count <= RATE_MAX_COUNT:
+        raise InvalidOption(f"must allow between 1 and {RATE_MAX_COUNT} claims per period, not {count}")
+    return RateLimit(count, RATE_UNITS[found.group(2)], found.group(3) is not None)
+
+
+def _rate_limit(value: Any) -> str | None:
+    try:
+        parse_rate_limit(value)
+    except InvalidOption as exc:
+        return str(exc)
+    return None
+
+
 def _alias(value: Any) -> str | None:
     if value not in settings.DATABASES:
         return f"names no database in DATABASES: {value!r}"
@@ -131,6 +189,13 @@ QUEUE_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     "ARCHIVE": (True, _boolean),
     "RETENTION_DAYS": (30, _number(0, 36500, allow_none=True)),
     "UNHANDLED": ("dead", _choice("dead", "keep")),
+    # Flow control (docs/flow-control.md): at most this many messages of one
+    # group in flight (None: no limit), with per-kind overrides; one at a time
+    # and in enqueue order per group; at most so many claims per period.
+    "GROUP_CONCURRENCY": (None, _optional_integer(1, 10_000)),
+    "KIND_GROUP_CONCURRENCY": ({}, _kind_limits),
+    "ORDERED": (False, _boolean),
+    "RATE_LIMIT": (None, _rate_limit),
 }
 
 # Keys that only make sense globally.
@@ -187,6 +252,19 @@ class QueueOptions:
     archive: bool
     retention_days: float | None
     unhandled: str
+    group_concurrency: int | None = None
+    kind_group_concurrency: dict[str, int] = field(default_factory=dict)
+    ordered: bool = False
+    rate_limit: RateLimit | None = None
+
+    @property
+    def flow_controlled(self) -> bool:
+        """Whether a claim on this queue goes through flow control (groups, order, rate)."""
+        return bool(self.ordered or self.group_concurrency or self.kind_group_concurrency or self.rate_limit)
+
+    def group_limit(self, kind: str) -> int | None:
+        """How many messages of one group (and of ``kind``, when it has its own limit) may be in flight."""
+        return self.kind_group_concurrency.get(kind, self.group_concurrency)
 
 
 @dataclass(frozen=True)
@@ -245,6 +323,7 @@ def find_problems(raw: Any) -> list[str]:
             "or live workers would be taken for dead"
         )
     problems += schedule_problems(raw.get("SCHEDULES", {}))
+    problems += _flow_problems("DBQUEUE", raw)
     queues = raw.get("QUEUES", {})
     if not isinstance(queues, dict):
         return [*problems, f"DBQUEUE['QUEUES'] must be a dict of queue name to options, not {type(queues).__name__}"]
@@ -265,7 +344,15 @@ def find_problems(raw: Any) -> list[str]:
                 )
             elif (why := spec[1](value)) is not None:
                 problems.append(f"DBQUEUE['QUEUES'][{name!r}][{key!r}] {why}")
+        problems += _flow_problems(f"DBQUEUE['QUEUES'][{name!r}]", {**raw, **options})
     return problems
+
+
+def _flow_problems(where: str, values: dict[str, Any]) -> list[str]:
+    """ORDERED already runs one message of a group at a time: a concurrency limit beside it contradicts it."""
+    if values.get("ORDERED") is True and (values.get("GROUP_CONCURRENCY") or values.get("KIND_GROUP_CONCURRENCY")):
+        return [f"{where} sets ORDERED with GROUP_CONCURRENCY or KIND_GROUP_CONCURRENCY; ORDERED runs one at a time"]
+    return []
 
 
 # --- SCHEDULES -----------------------------------------------------------------
@@ -306,7 +393,10 @@ def schedule_problems(raw: Any) -> list[str]:
 
 
 def _queue_options(values: dict[str, Any]) -> QueueOptions:
-    return QueueOptions(**{key.lower(): values[key] for key in QUEUE_KEYS})
+    options = {key.lower(): values[key] for key in QUEUE_KEYS}
+    options["rate_limit"] = parse_rate_limit(options["rate_limit"])
+    options["kind_group_concurrency"] = dict(options["kind_group_concurrency"])
+    return QueueOptions(**options)
 
 
 @functools.cache

@@ -28,7 +28,13 @@ def replay(archived: ArchivedMessage, *, by: str = "", payload: Any = None, forc
     new_payload = archived.payload if payload is None else validation.validate_payload(payload)
 
     def build(row: ArchivedMessage) -> Message:
-        options = {"kind": row.kind, "key": row.key, "headers": row.headers, "priority": row.priority}
+        options = {
+            "kind": row.kind,
+            "key": row.key,
+            "group": row.group,
+            "headers": row.headers,
+            "priority": row.priority,
+        }
         message, _ = build_message(row.queue, new_payload, {**options, "max_attempts": row.max_attempts})
         return message
 

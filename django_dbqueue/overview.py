@@ -17,10 +17,11 @@ from django.db.models.functions import TruncHour
 from . import handlers
 from .conf import get_settings
 from .db.clock import db_now
-from .models import ArchivedMessage, Message, Outcome, QueueStat, QueueState, Worker
+from .models import ArchivedMessage, Message, Outcome, QueueStat, QueueState, Worker, flow
 
 HOURS = 24
 RUNNING_SHOWN = 20  # in-flight messages with progress listed, longest running first
+GROUPS_SHOWN = 10  # groups of a flow-controlled queue listed, most in flight first
 
 
 @dataclass
@@ -70,6 +71,26 @@ class RunningSummary:
 
 
 @dataclass
+class GroupSummary:
+    """One group of a flow-controlled queue: its messages in flight and the most it may have."""
+
+    name: str
+    in_flight: int
+    limit: int | None
+
+
+@dataclass
+class FlowSummary:
+    """A queue under flow control (docs/flow-control.md): its rules, its busiest groups, its rate's use."""
+
+    queue: str
+    rules: str
+    groups: list[GroupSummary] = field(default_factory=list)
+    rate_used: int | None = None  # claims in the current period, when the queue has a rate limit
+    rate_limit: str = ""
+
+
+@dataclass
 class Overview:
     now: datetime
     hours: list[datetime]  # the start of each of the last HOURS hours, oldest first
@@ -77,6 +98,7 @@ class Overview:
     queues: list[QueueSummary]
     workers: list[WorkerSummary]
     running: list[RunningSummary] = field(default_factory=list)
+    flow: list[FlowSummary] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """Plain JSON types: times as ISO 8601, ages in seconds."""
@@ -127,7 +149,28 @@ def build_overview(using: str | None = None) -> Overview:
     source = _per_hour(using, first_hour, hours, queue)
     workers = [_worker(row, now, dbq.worker_stale_after) for row in Worker.objects.using(using).order_by("name")]
     running = [_running(row, now) for row in Message.objects.using(using).reporting()[:RUNNING_SHOWN]]
-    return Overview(now, hours, source, [queues[name] for name in sorted(queues)], workers, running)
+    controlled = [name for name in sorted(queues) if dbq.for_queue(name).flow_controlled]
+    flows = [_flow(using, name) for name in controlled]
+    return Overview(now, hours, source, [queues[name] for name in sorted(queues)], workers, running, flows)
+
+
+def _flow(using: str, queue: str) -> FlowSummary:
+    options = get_settings().for_queue(queue)
+    rules = []
+    if options.ordered:
+        rules.append("ordered: one at a time per group")
+    if options.group_concurrency:
+        rules.append(f"{options.group_concurrency} per group")
+    rules += [f"{limit} per group of kind {kind}" for kind, limit in sorted(options.kind_group_concurrency.items())]
+    rate = options.rate_limit
+    if rate is not None:
+        rules.append(f"rate {rate}")
+    summary = FlowSummary(queue, "; ".join(rules), rate_limit="" if rate is None else str(rate))
+    limit = 1 if options.ordered else options.group_concurrency
+    summary.groups = [GroupSummary(name, n, limit) for name, n in flow.busiest_groups(using, queue, GROUPS_SHOWN)]
+    if rate is not None:
+        summary.rate_used = flow.rate_use(using, queue, rate)
+    return summary
 
 
 def _running(message: Message, now: datetime) -> RunningSummary:
@@ -255,6 +298,14 @@ def as_table(overview: Overview) -> str:
         widths = [max(len(row[n]) for row in table) for n in range(len(header))]
         for row in table:
             lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    if overview.flow:
+        lines += ["", "Flow control"]
+        for f in overview.flow:
+            rate = f" ({f.rate_used} claim(s) in the current period)" if f.rate_used is not None else ""
+            lines.append(f"  {f.queue}: {f.rules}{rate}")
+            for g in f.groups:
+                limit = "" if g.limit is None else f" of {g.limit}"
+                lines.append(f"    group {g.name}: {g.in_flight}{limit} in flight")
     lines += ["", f"Workers ({len(overview.workers)})"]
     for w in overview.workers:
         flag = "  STALE" if w.stale else ""

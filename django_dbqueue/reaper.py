@@ -41,7 +41,7 @@ from .db.clock import db_now
 from .db.errors import DATABASE_TROUBLE, with_retries
 from .db.stats import refresh_statistics, shrink_indexes, vacuum_if_bloated
 from .db.transactions import write_transaction
-from .models import ArchivedMessage, Message, Outcome, Worker, events
+from .models import ArchivedMessage, Message, Outcome, Worker, events, flow
 from .operations import finish
 from .progress import NullProgress, Progress
 
@@ -64,6 +64,7 @@ class ReapReport:
     cancelled: int = 0
     expired: int = 0
     pruned: int = 0
+    flow_pruned: int = 0
     vacuumed: bool = False
     reindexed: bool = False
     analyzed: bool = False
@@ -77,6 +78,7 @@ class ReapReport:
             f"{self.stale_workers} stale worker(s) removed, {self.released} message(s) released, "
             f"{self.poison} poison message(s) dead-lettered, {self.cancelled} cancelled, {self.expired} expired, "
             f"{self.pruned} archive row(s) pruned"
+            + (f", {self.flow_pruned} flow-control row(s) pruned" if self.flow_pruned else "")
             + (", dead rows vacuumed" if self.vacuumed else "")
             + (", indexes rebuilt" if self.reindexed else "")
             + (", statistics refreshed" if self.analyzed else "")
@@ -102,6 +104,7 @@ class Reaper:
             report.poison += self.dead_letter_poison()
             report.expired += self.expire()
             report.pruned += self.prune()
+            report.flow_pruned += self.prune_flow_control()
             tables = (Message._meta.db_table, ArchivedMessage._meta.db_table)
             report.vacuumed = any([vacuum_if_bloated(self.using, table) for table in tables])  # both, always
             report.reindexed = shrink_indexes(self.using, Message._meta.db_table)
@@ -220,6 +223,15 @@ class Reaper:
                 for message, row in zip(messages, archived, strict=True):
                     events.finished(message, Outcome.EXPIRED, row, {})
             if len(messages) < self.batch_size:
+                return total
+
+    def prune_flow_control(self) -> int:
+        """Delete passed unique windows, groups with no live message and idle rate slots (docs/flow-control.md)."""
+        total = 0
+        while True:
+            deleted = with_retries(self.using, lambda: flow.prune(self.using, self.batch_size), what="flow pruning")
+            total += deleted
+            if deleted < self.batch_size:
                 return total
 
     def prune(self) -> int:

@@ -192,14 +192,15 @@ def validate_kind(kind: Any) -> str:
     return kind
 
 
-def validate_key(key: Any) -> str | None:
+def validate_key(key: Any, what: str = "key") -> str | None:
+    """A message's key or group: None, or a non-empty storable string of at most 255 characters."""
     if key is None:
         return None
     if not isinstance(key, str) or not key:
-        raise InvalidOption(f"key must be a non-empty string or None, not {key!r}")
+        raise InvalidOption(f"{what} must be a non-empty string or None, not {key!r}")
     if len(key) > KEY_MAX_LENGTH:
-        raise InvalidOption(f"key is {len(key)} characters; the limit is {KEY_MAX_LENGTH}")
-    if (why := text_problem(key, "key")) is not None:
+        raise InvalidOption(f"{what} is {len(key)} characters; the limit is {KEY_MAX_LENGTH}")
+    if (why := text_problem(key, what)) is not None:
         raise InvalidOption(why)
     return key
 

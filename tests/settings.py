@@ -95,6 +95,12 @@ DBQUEUE = {
         "short": {"VISIBILITY_TIMEOUT": 1, "MAX_ATTEMPTS": 2},
         "elsewhere": {"DATABASE": "queues"},
         "t-retry": {"BACKOFF_BASE": 0},
+        # Flow control (tests/test_flow_control.py, tests/test_flow_processes.py).
+        "fc-groups": {"GROUP_CONCURRENCY": 2, "KIND_GROUP_CONCURRENCY": {"solo": 1}},
+        "fc-fifo": {"ORDERED": True, "BACKOFF_BASE": 0.2, "BACKOFF_JITTER": 0},
+        "fc-rate": {"RATE_LIMIT": "50/s"},
+        "fc-rate-group": {"RATE_LIMIT": "5/s per group"},
+        "fc-rate-slow": {"RATE_LIMIT": "3/m"},
     },
     "TOPICS": {"t-orders": ["t-email", "t-invoicing"]},
 }

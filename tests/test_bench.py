@@ -7,7 +7,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from django_dbqueue.models import ArchivedMessage, Message
+from django_dbqueue.models import ArchivedMessage, FlowGroup, Message
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -36,6 +36,7 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
         "drain",
         "drain_write",
         "per_message",
+        "drain_groups",
         "end-to-end latency",
         "claim+ack median, loaded tables",
         "worker RSS growth over 2000 messages",
@@ -51,6 +52,10 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
     assert phases["per_message"]["extra"]["batch_size"] == 1 and phases["per_message"]["extra"]["workers"] == 1
     assert phases["per_message"]["extra"]["messages"] == 100
     assert phases["drain_write"]["extra"]["handler"] == "write"
+    groups = phases["drain_groups"]
+    # Against our own drain of the same messages in no group, each side's CPU per message reported.
+    assert groups["ours"] > 0 and groups["baseline"] > 0 and groups["extra"]["groups"] == 1000
+    assert groups["extra"]["grouped_cpu_ms_per_message"] > 0 and groups["extra"]["ungrouped_cpu_ms_per_message"] > 0
     latency = phases["end-to-end latency"]["extra"]
     assert 0 <= latency["p50_ms"] <= latency["p95_ms"] <= latency["p99_ms"]
     memory = phases["worker RSS growth over 2000 messages"]["extra"]
@@ -63,6 +68,7 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
     # It cleans up after itself.
     assert not Message.objects.filter(queue__startswith="queuebench.").exists()
     assert not ArchivedMessage.objects.filter(queue__startswith="queuebench.").exists()
+    assert not FlowGroup.objects.filter(queue__startswith="queuebench.").exists()
 
 
 def test_unknown_phase_is_refused():

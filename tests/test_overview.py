@@ -176,3 +176,29 @@ def test_running_messages_with_progress_show_in_the_overview_and_its_page(client
     html = client.get(reverse("admin:django_dbqueue_queuestate_changelist")).content.decode()
     assert 'id="running"' in html and '<progress max="100" value="50"></progress>' in html
     assert f'data-message="{first.pk}"' in html and f'data-message="{quiet.pk}"' not in html
+
+
+def test_flow_controlled_queues_show_their_groups_in_flight_and_the_rate_used(client):
+    for n in range(3):
+        django_dbqueue.enqueue("fc-groups", {"n": n}, group="customer-1")
+    django_dbqueue.enqueue("fc-groups", {}, group="customer-2")
+    assert len(Message.objects.claim("fc-groups", 10)) == 3  # two of customer-1, one of customer-2
+    django_dbqueue.enqueue_many("fc-rate-slow", [{}, {}])
+    assert len(Message.objects.claim("fc-rate-slow", 10)) == 2
+    overview = build_overview()
+    by_queue = {f.queue: f for f in overview.flow}
+    groups = by_queue["fc-groups"].groups
+    assert [(g.name, g.in_flight, g.limit) for g in groups] == [("customer-1", 2, 2), ("customer-2", 1, 2)]
+    assert by_queue["fc-groups"].rules == "2 per group; 1 per group of kind solo"
+    assert (by_queue["fc-rate-slow"].rate_used, by_queue["fc-rate-slow"].rate_limit) == (2, "3/m")
+    assert by_queue["fc-fifo"].rules == "ordered: one at a time per group" and by_queue["fc-fifo"].groups == []
+    text = as_table(overview)
+    assert "fc-groups: 2 per group; 1 per group of kind solo" in text
+    assert (
+        "group customer-1: 2 of 2 in flight" in text
+        and "fc-rate-slow: rate 3/m (2 claim(s) in the current period)" in text
+    )
+    client.force_login(staff("viewer", "view_queuestate"))
+    html = client.get(reverse("admin:django_dbqueue_queuestate_changelist")).content.decode()
+    assert 'id="flow"' in html and 'data-group="customer-1">customer-1: 2 of 2</span>' in html
+    assert "2 claim(s) of 3/m" in html

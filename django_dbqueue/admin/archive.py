@@ -50,7 +50,7 @@ class ArchiveAdmin(ReadOnlyQueueAdmin[ArchivedMessage]):
     object_actions = {"replay": "replay", "replay-forced": "replay_forced"}
     change_form_template = "admin/django_dbqueue/archivedmessage/change_form.html"
     fields = [
-        ("id", "message_id", "queue_shown", "kind_shown", "key_shown"),
+        ("id", "message_id", "queue_shown", "kind_shown", "key_shown", "group"),
         ("outcome", "priority", "attempts", "max_attempts", "deferrals"),
         ("created_at", "first_available_at", "claimed_at", "finished_at", "expires_at"),
         ("finished_by", "replay_of"),

@@ -41,7 +41,7 @@ class MessageAdmin(ReadOnlyQueueAdmin[Message]):
     object_actions = {"run-now": "run_now", "cancel": "cancel", "release": "release_lease"}
     change_form_template = "admin/django_dbqueue/message/change_form.html"
     fields = [
-        ("id", "queue_shown", "kind_shown", "key_shown"),
+        ("id", "queue_shown", "kind_shown", "key_shown", "group"),
         ("state", "priority", "attempts", "max_attempts", "deferrals"),
         ("created_at", "first_available_at", "available_at", "expires_at"),
         ("claimed_by", "claimed_at", "cancel_requested_at"),

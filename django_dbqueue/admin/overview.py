@@ -86,6 +86,7 @@ class QueueOverviewAdmin(NoEditForms, OperatorPermissions, ModelAdmin[QueueState
             "rows": rows,
             "workers": workers,
             "running": running_rows(overview),
+            "flow": overview.flow,
             "can_pause": self.has_pause_permission(request),
             "dead_letters_url": reverse("admin:django_dbqueue_deadletter_changelist"),
             "messages_url": reverse("admin:django_dbqueue_message_changelist"),

@@ -25,6 +25,14 @@ def writable_ctes(using: str) -> bool:
     return connections[using].vendor == "postgresql"
 
 
+def locks_outer_joined_rows(using: str) -> bool:
+    """True where ``SELECT ... LEFT JOIN ... FOR UPDATE SKIP LOCKED`` locks the joined rows too (MySQL/MariaDB).
+
+    PostgreSQL refuses ``FOR UPDATE`` on the nullable side of an outer join.
+    """
+    return connections[using].vendor == "mysql"
+
+
 def runs_repeatable_read(using: str) -> bool:
     """True for MySQL/MariaDB at REPEATABLE READ, where a claim inside a longer transaction misses new rows."""
     connection = connections[using]

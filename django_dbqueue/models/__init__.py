@@ -8,6 +8,7 @@ querysets and managers. The tables' layouts are a documented contract
 """
 
 from .archive import ArchivedMessage, ArchivedMessageQuerySet, DeadLetter, Outcome
+from .flow import FlowGroup, RateSlot, UniqueWindow
 from .messages import Message, MessageManager, MessageQuerySet, MessageState
 from .queues import QueueStat, QueueState, Subscription
 from .schedules import Fired, Schedule, ScheduleRun, ScheduleTrigger
@@ -18,6 +19,7 @@ __all__ = [
     "ArchivedMessageQuerySet",
     "DeadLetter",
     "Fired",
+    "FlowGroup",
     "Message",
     "MessageManager",
     "MessageQuerySet",
@@ -25,9 +27,11 @@ __all__ = [
     "Outcome",
     "QueueStat",
     "QueueState",
+    "RateSlot",
     "Schedule",
     "ScheduleRun",
     "ScheduleTrigger",
     "Subscription",
+    "UniqueWindow",
     "Worker",
 ]

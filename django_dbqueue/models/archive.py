@@ -15,7 +15,7 @@ from ..db.errors import with_retries
 from ..db.transactions import write_transaction
 from ..exceptions import AlreadyReplayed, DuplicateKey, InvalidOption
 from ..validation import storable_result, storable_text
-from .statements import ARCHIVE_TABLE, COPIED
+from .statements import ARCHIVE_TABLE, COPIED, attribute
 
 if TYPE_CHECKING:
     from .messages import Message
@@ -130,6 +130,7 @@ class ArchivedMessage(models.Model):
     queue = models.CharField(max_length=64)
     kind = models.CharField(max_length=100, blank=True, default="")
     key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 (NULL keys never collide)
+    group = models.CharField(max_length=255, null=True, blank=True, db_column="group_key")  # noqa: DJ001
     payload = models.JSONField()
     headers = models.JSONField(default=dict, blank=True)
     priority = models.SmallIntegerField(default=0)
@@ -191,7 +192,7 @@ class ArchivedMessage(models.Model):
         error = message.last_error if error is None else error
         if why is not None:
             error = f"{error}\nresult not kept: {why}".strip()
-        copied = {column: getattr(message, column) for column in COPIED}
+        copied = {attribute(column): getattr(message, attribute(column)) for column in COPIED}
         return cls(
             message_id=message.pk,
             **{**copied, "last_error": storable_text(error)},

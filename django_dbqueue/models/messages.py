@@ -21,6 +21,7 @@ from typing import Any, TypedDict
 
 from django.db import IntegrityError, models
 from django.db.models import Case, Count, F, Min, Q, Value, When
+from django.db.models.base import ModelState
 from django.db.models.functions import Coalesce
 
 from .. import propagation, signals, validation
@@ -29,7 +30,7 @@ from ..db.clock import DbNow, db_now, insert_returns_expressions
 from ..db.errors import with_retries
 from ..db.transactions import short_transaction, write_transaction
 from ..exceptions import InvalidOption, NotClaimed, UnknownOption
-from . import events
+from . import events, flow
 from .archive import ArchivedMessage, Outcome
 from .consuming import ConsumerActions
 from .reporting import HandlerReports
@@ -97,7 +98,20 @@ def exhausted(max_attempts: int) -> Q:
 
 
 ENQUEUE_OPTIONS = frozenset(
-    {"kind", "key", "delay", "run_at", "priority", "headers", "max_attempts", "expires_at", "using"}
+    {
+        "kind",
+        "key",
+        "group",
+        "unique",
+        "debounce",
+        "delay",
+        "run_at",
+        "priority",
+        "headers",
+        "max_attempts",
+        "expires_at",
+        "using",
+    }
 )
 
 
@@ -123,6 +137,7 @@ def build_message(queue: str, payload: Any, options: dict[str, Any]) -> tuple[Me
         payload=validation.validate_payload(payload),
         kind=validation.validate_kind(options.get("kind", "")),
         key=validation.validate_key(options.get("key")),
+        group=validation.validate_key(options.get("group"), "group"),
         headers=validation.validate_headers(options.get("headers")),
         priority=validation.validate_priority(options.get("priority", 0)),
         max_attempts=validation.validate_max_attempts(options.get("max_attempts")),
@@ -130,9 +145,19 @@ def build_message(queue: str, payload: Any, options: dict[str, Any]) -> tuple[Me
     )
     if run_at is not None:
         message.available_at = message.first_available_at = run_at
+    message._dbqueue_window, message._dbqueue_debounce = flow.key_rules(message.key, options, delay, run_at)
     if propagation.hooks:  # trace context and the like (docs/tracing.md)
         message.headers = propagation.outgoing(message.queue, message.kind, message.headers)
     return message, None if delay is None else validation.seconds(delay, "delay")
+
+
+class Claimed(list["Message"]):
+    """What a claim leased, in claim order.
+
+    ``retry_in``: when a rate limit held messages back, the seconds until it lets more through.
+    """
+
+    retry_in: float | None = None
 
 
 class MessageQuerySet(models.QuerySet["Message"]):
@@ -267,7 +292,18 @@ class MessageQuerySet(models.QuerySet["Message"]):
             raise InvalidOption(
                 "one key for many payloads would keep only the first; give keys one by one with enqueue()"
             )
-        pending = [build_message(queue, payload, options) for payload in payloads]
+        if not payloads:
+            return []
+        # The options are the same for every payload: checked once, on the first message.
+        first, delay = build_message(queue, payloads[0], options)
+        headers = validation.validate_headers(options.get("headers"))
+
+        def copy(payload: Any) -> Message:
+            # Each message its own headers, and its own trace context where hooks add one (docs/tracing.md).
+            own = propagation.outgoing(queue, first.kind, dict(headers)) if propagation.hooks else dict(headers)
+            return first.with_payload(payload, own)
+
+        pending = [(first, delay), *((copy(payload), delay) for payload in payloads[1:])]
         return self.using(using).insert_built(pending)
 
     def insert_built(self, pending: list[tuple[Message, float | None]]) -> list[Message]:
@@ -292,19 +328,88 @@ class MessageQuerySet(models.QuerySet["Message"]):
         scheduled = message.available_at is not None  # run_at was given
         returned = insert_returns_expressions(using)
 
+        window = getattr(message, "_dbqueue_window", None)
+        debounce = getattr(message, "_dbqueue_debounce", None)
+
         def insert() -> bool:
             now = DbNow() if returned else db_now(using)
             message.created_at = now
+            if debounce is not None:
+                return self._debounce(message, debounce, now)
             if not scheduled:
                 later = DbNow(delay or 0) if returned else now + timedelta(seconds=delay or 0)
                 message.available_at = message.first_available_at = later
             if message.key is None:
                 message.save(using=using, force_insert=True)
                 return True
+            if window is not None:
+                return self._insert_in_window(message, window)
             return self._insert_or_get(message)
 
         message._dbqueue_created = with_retries(using, insert, what="enqueue")
         return message
+
+    def _adopt(self, message: Message, live: Message) -> None:
+        """Make ``message`` (this call's, unsaved) the live one it ran into: the caller gets what is in the table."""
+        message.__dict__.update({k: v for k, v in live.__dict__.items() if k != "_state"})
+        message._state.adding = False
+        message._state.db = self.db
+
+    def _insert_in_window(self, message: Message, window: float) -> bool:
+        """Insert a keyed message unless its key was taken less than its unique window ago (or is live).
+
+        The window's row and the message are written in one transaction: a
+        message refused because its key is live does not renew the window.
+        Refused, ``message`` becomes the live one, or stays unsaved (``pk``
+        None) when the key's message already finished.
+        """
+        using = self.db
+        assert message.key is not None  # key_rules() refuses a window without a key
+        try:
+            with write_transaction(using):
+                if not flow.take_window(using, message.queue, message.key, window):
+                    raise _Refused
+                if not self._insert_or_get(message):
+                    raise _Refused
+                flow.note_window_owner(using, message.queue, message.key, message.pk)
+                return True
+        except _Refused:
+            live = self.filter(queue=message.queue, key=message.key).first()
+            if live is not None:
+                self._adopt(message, live)
+            else:
+                message.pk = None
+            return False
+
+    def _debounce(self, message: Message, seconds: float, now: datetime | DbNow) -> bool:
+        """Replace the key's waiting message (live, never run) with this one, due ``seconds`` from now; else insert.
+
+        The last write wins: a locked UPDATE of the waiting row, or, when
+        there is none, an INSERT that the unique key decides; a producer that
+        loses that race replaces the winner's payload on its next turn. A key
+        whose message is running or retrying is left alone: ``message``
+        becomes that one (``was_created`` False). ``now``: the database's
+        time as :meth:`insert` has it (an expression where the INSERT returns
+        what it computed, else a reading).
+        """
+        mine = {f: getattr(message, f) for f in DEBOUNCED}
+        waiting = self.filter(queue=message.queue, key=message.key, lease_token__isnull=True, attempts=0)
+        due = DbNow(seconds) if isinstance(now, DbNow) else now + timedelta(seconds=seconds)
+        for _ in range(10):
+            if waiting.update(**mine, available_at=due, first_available_at=due) == 1:
+                live = self.filter(queue=message.queue, key=message.key).first()
+                if live is not None:
+                    self._adopt(message, live)
+                    return False
+                continue  # run now, or cancelled, in between: start again
+            fresh = Message(queue=message.queue, key=message.key, created_at=message.created_at, **mine)
+            fresh.available_at = fresh.first_available_at = due
+            created = self._insert_or_get(fresh)
+            if created or fresh.lease_token is not None or fresh.attempts > 0:
+                self._adopt(message, fresh)
+                return created
+            # Another producer inserted it first: replace its payload on the next turn.
+        raise IntegrityError(f"could not debounce key {message.key!r} in queue {message.queue!r} after 10 tries")
 
     def _insert_or_get(self, message: Message) -> bool:
         """Insert a keyed message unless its key is live; the unique index decides races."""
@@ -318,9 +423,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 message.pk = None
                 live = self.filter(queue=message.queue, key=message.key).first()
                 if live is not None:
-                    message.__dict__.update({k: v for k, v in live.__dict__.items() if k != "_state"})
-                    message._state.adding = False
-                    message._state.db = using
+                    self._adopt(message, live)
                     return False
                 # The live one finished between our insert and our read: try again.
         raise IntegrityError(f"could not insert or find key {message.key!r} in queue {message.queue!r}")
@@ -410,7 +513,8 @@ class MessageQuerySet(models.QuerySet["Message"]):
 
         ``SELECT ... FOR UPDATE SKIP LOCKED`` walking the claim index, then one
         UPDATE per lease length; retried on the database's weather. See
-        :func:`django_dbqueue.claim`.
+        :func:`django_dbqueue.claim`. The list is a :class:`Claimed`: its
+        ``retry_in`` says when a rate limit that held messages back lets more through.
         """
         names = validation.validate_queues(queues if isinstance(queues, str) else list(queues))
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -427,20 +531,29 @@ class MessageQuerySet(models.QuerySet["Message"]):
         events.claimed(claimed, using, worker)
         return claimed
 
-    def _claim(self, queues: list[str], limit: int, timeout: float | None, worker: str) -> list[Message]:
+    def _claim(self, queues: list[str], limit: int, timeout: float | None, worker: str) -> Claimed:
         """One transaction (on PostgreSQL one statement per queue): see :func:`.statements.claim_rows`."""
-        claimed: list[Message] = []
+        claimed = Claimed()
         token = uuid.uuid4().hex
+        controlled = any(queue_options(name).flow_controlled for name in queues)
         # One statement is a transaction of its own; several are wrapped in one.
-        alone = len(queues) == 1 and claim_is_one_statement(self.db)
-        with contextlib.nullcontext() if alone else short_transaction(self.db):
+        alone = len(queues) == 1 and claim_is_one_statement(self.db) and not controlled
+        # Rate slots go through the ORM, which needs Django's own transaction.
+        begin = write_transaction if any(queue_options(name).rate_limit for name in queues) else short_transaction
+        with contextlib.nullcontext() if alone else begin(self.db):
             for name in queues:
                 wanted = limit - len(claimed)
                 if wanted <= 0:
                     break
                 options = queue_options(name)
                 seconds = timeout or options.visibility_timeout
-                claimed += claim_rows(self.db, name, wanted, options.max_attempts, seconds, token, worker)
+                if not options.flow_controlled:
+                    claimed += claim_rows(self.db, name, wanted, options.max_attempts, seconds, token, worker)
+                    continue
+                taken, retry_in = flow.claim_controlled(self.db, name, wanted, options, seconds, token, worker)
+                claimed += taken
+                if retry_in is not None:
+                    claimed.retry_in = retry_in if claimed.retry_in is None else min(claimed.retry_in, retry_in)
         return claimed
 
     def update_leased(self, message: Message, what: str, **changes: Any) -> bool:
@@ -646,6 +759,13 @@ class MessageQuerySet(models.QuerySet["Message"]):
         return with_retries(using, run, what="expiry")
 
 
+class _Refused(Exception):
+    """A unique window refused a message: rolls back what its transaction wrote."""
+
+
+# What a debounced enqueue replaces in the waiting message: everything its producer says of it.
+DEBOUNCED = ("kind", "group", "payload", "headers", "priority", "max_attempts", "expires_at")
+
 # A named base, so that django-stubs types the manager's queryset methods.
 BaseMessageManager = models.Manager.from_queryset(MessageQuerySet)
 
@@ -661,6 +781,10 @@ class Message(ConsumerActions, HandlerReports, models.Model):
     queue = models.CharField(max_length=64)
     kind = models.CharField(max_length=100, blank=True, default="", db_default="")
     key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 (NULL keys never collide)
+    # GROUP is a reserved word in SQL: the column is group_key, so plain SQL need not quote it.
+    group = models.CharField(  # noqa: DJ001 (NULL: in no group)
+        max_length=255, null=True, blank=True, db_column="group_key", help_text="Flow control's group (a customer)."
+    )
     payload = models.JSONField()
     headers = models.JSONField(default=dict, blank=True)
     priority = models.SmallIntegerField(default=0, db_default=0, help_text="Smaller runs first.")
@@ -692,6 +816,9 @@ class Message(ConsumerActions, HandlerReports, models.Model):
     # Not columns. Set by enqueue (was_created), and by the querysets that
     # annotate them (with_state(), the claim); absent otherwise.
     _dbqueue_created: bool
+    # Set by build_message from enqueue's unique= and debounce= (seconds), for insert().
+    _dbqueue_window: float | None
+    _dbqueue_debounce: float | None
 
     class Meta:
         app_label = "django_dbqueue"
@@ -707,6 +834,8 @@ class Message(ConsumerActions, HandlerReports, models.Model):
             models.Index(fields=["claimed_by"], name="dbqueue_msg_claimed_by"),
             # The admin's exact search by key, in every queue.
             models.Index(fields=["key"], name="dbqueue_msg_key"),
+            # Flow control: a group's oldest message (FIFO groups), a group's rows.
+            models.Index(fields=["queue", "group", "id"], name="dbqueue_msg_group"),
         ]
         constraints = [
             # NULL keys never collide, so only keyed messages are deduplicated.
@@ -717,6 +846,19 @@ class Message(ConsumerActions, HandlerReports, models.Model):
     def __str__(self) -> str:
         # storable_text: NUL visible, as a plain SQL producer may store it in a kind
         return validation.storable_text(f"{self.queue}#{self.pk}" + (f" ({self.kind})" if self.kind else ""))
+
+    def with_payload(self, payload: Any, headers: dict[str, Any]) -> Message:
+        """A new unsaved message like this unsaved one, with ``payload`` (validated) and ``headers``.
+
+        Copying the attributes skips Model.__init__, which was a quarter of
+        ``enqueue_many``'s time for messages whose other fields are all equal.
+        """
+        copy = Message.__new__(Message)
+        copy.__dict__.update(self.__dict__)
+        copy._state = ModelState()
+        copy.payload = validation.validate_payload(payload)
+        copy.headers = headers
+        return copy
 
     @property
     def was_created(self) -> bool:

@@ -18,7 +18,7 @@ from django.db import connections
 
 from ..db.capabilities import writable_ctes
 from ..db.clock import aware_clock, compile_now, now_plus_seconds
-from ..db.sql import insert_returns_ids, json_param
+from ..db.sql import array_columns, insert_returns_ids, json_param
 
 if TYPE_CHECKING:
     from .messages import Message
@@ -28,7 +28,13 @@ MESSAGE_TABLE = "dbqueue_message"
 ARCHIVE_TABLE = "dbqueue_archive"
 
 # What a producer says of a message: the first columns of both lists below.
-ENQUEUED = ("queue", "kind", "key", "payload", "headers", "priority")
+ENQUEUED = ("queue", "kind", "key", "group_key", "payload", "headers", "priority")
+
+
+def attribute(column: str) -> str:
+    """The model attribute of one of these columns (they are the same but for ``group_key``, the field ``group``)."""
+    return "group" if column == "group_key" else column
+
 
 # Columns an archive row takes unchanged from the live row.
 COPIED = (
@@ -186,16 +192,26 @@ def insert_messages(using: str, messages: list[Message], batch_size: int) -> Non
     made ``enqueue_many`` several times slower than the INSERT itself. The
     values here are already validated, so they only need adapting.
     """
+    from .messages import Message
+
     connection = connections[using]
     qn = connection.ops.quote_name
-    adapt = connection.ops.adapt_datetimefield_value
+    adapted: dict[Any, Any] = {}
+
+    def adapt(value: Any) -> Any:
+        # The messages of one call share their times: each is adapted once, not once per row.
+        if value not in adapted:
+            adapted[value] = connection.ops.adapt_datetimefield_value(value)
+        return adapted[value]
+
     json_sql = json_param(using)
     row_sql = "(" + ", ".join(json_sql if c in ("payload", "headers") else "%s" for c in INSERTED) + ")"
     returning = insert_returns_ids(using)
     per_statement = batch_size
     if connection.features.max_query_params:
         per_statement = max(1, min(batch_size, connection.features.max_query_params // len(INSERTED)))
-    head = f"INSERT INTO {qn(MESSAGE_TABLE)} ({', '.join(qn(c) for c in INSERTED)}) VALUES "
+    head = f"INSERT INTO {qn(MESSAGE_TABLE)} ({', '.join(qn(c) for c in INSERTED)}) "
+    arrays = array_columns(using, [str(Message._meta.get_field(attribute(c)).db_type(connection)) for c in INSERTED])
     with connection.cursor() as cursor:
         for start in range(0, len(messages), per_statement):
             chunk = messages[start : start + per_statement]
@@ -205,8 +221,9 @@ def insert_messages(using: str, messages: list[Message], batch_size: int) -> Non
                     m.queue,
                     m.kind,
                     m.key,
+                    m.group,
                     json.dumps(m.payload),
-                    json.dumps(m.headers),
+                    json.dumps(m.headers) if m.headers else "{}",
                     m.priority,
                     adapt(m.available_at),
                     adapt(m.first_available_at),
@@ -214,8 +231,14 @@ def insert_messages(using: str, messages: list[Message], batch_size: int) -> Non
                     adapt(m.expires_at),
                     m.max_attempts,
                 ]
-            sql = head + ", ".join([row_sql] * len(chunk)) + (f" RETURNING {qn('id')}" if returning else "")
-            cursor.execute(sql, params)
+            if arrays:
+                # One array per column: a statement of 12 parameters, whatever the rows, which the
+                # driver prepares in no time (with one placeholder per value, that was half the cost).
+                width = len(INSERTED)
+                sql, params = head + arrays, [params[i::width] for i in range(width)]
+            else:
+                sql = head + "VALUES " + ", ".join([row_sql] * len(chunk))
+            cursor.execute(sql + (f" RETURNING {qn('id')}" if returning else ""), params)
             if returning:
                 for message, (pk,) in zip(chunk, cursor.fetchall(), strict=True):
                     message.pk = pk
@@ -374,15 +397,27 @@ def claim_rows(
         pairs = [(build(row), row[-1]) for row in rows]
         pairs.sort(key=lambda pair: (pair[0].priority, pair[1], pair[0].pk))
         return [message for message, _ in pairs]
-    adapt = connection.ops.adapt_datetimefield_value
     with connection.cursor() as cursor:
         cursor.execute(_statement(using, "claim", limit, _claim_sql), [queue, max_attempts])
         rows = cursor.fetchall()
-        if not rows:
-            return []
-        clock = aware_clock(rows[0][-1])
-        until = clock + timedelta(seconds=seconds)
-        ids = [row[0] for row in rows]
+    return lease_rows(using, rows, seconds, token, worker)
+
+
+def lease_rows(using: str, rows: list[Any], seconds: float, token: str, worker: str) -> list[Message]:
+    """Lease rows a claim's SELECT locked (its columns, then the clock it read): one UPDATE; their messages.
+
+    The claim's clock is the lease's start (``claimed_at``) and, plus
+    ``seconds``, its end. Runs inside the caller's transaction.
+    """
+    if not rows:
+        return []
+    connection = connections[using]
+    _, build = _message_reader(using)
+    adapt = connection.ops.adapt_datetimefield_value
+    clock = aware_clock(rows[0][-1])
+    until = clock + timedelta(seconds=seconds)
+    ids = [row[0] for row in rows]
+    with connection.cursor() as cursor:
         cursor.execute(
             _statement(using, "lease", len(ids), _lease_sql), [token, adapt(until), adapt(clock), worker, *ids]
         )
@@ -425,7 +460,7 @@ def finish_leased(using: str, message: Message, outcome: str, row: Mapping[str, 
             return bool(cursor.rowcount == 1)
     adapt = connection.ops.adapt_datetimefield_value
     result = row["result"]
-    values: dict[str, Any] = {column: getattr(message, column) for column in COPIED}
+    values: dict[str, Any] = {column: getattr(message, attribute(column)) for column in COPIED}
     for column in ("created_at", "first_available_at", "claimed_at", "expires_at"):
         values[column] = adapt(values[column])
     values.update(

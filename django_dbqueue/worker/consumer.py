@@ -101,7 +101,9 @@ class Consumer:
                     continue
                 if not claimed:
                     idle_for = min(max(idle_for * 2, self.poll_interval), self.max_poll_interval)
-                    self.lifecycle.wake.wait(idle_for)
+                    # A rate limit that held messages back says when its next slot is free.
+                    retry_in = getattr(claimed, "retry_in", None)
+                    self.lifecycle.wake.wait(idle_for if retry_in is None else min(idle_for, retry_in + 0.001))
                     self.lifecycle.wake.clear()
                     continue
                 idle_for = 0.0

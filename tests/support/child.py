@@ -56,7 +56,40 @@ def dedup(queue: str, key: str, start_at: str) -> dict:
     return {"id": message.pk, "created": message.was_created}
 
 
-ROLES = {"produce": produce, "consume": consume, "dedup": dedup}
+def unique_window(queue: str, key: str, seconds: str, start_at: str) -> dict:
+    wait_until(float(start_at))
+    message = enqueue(queue, {"by": os.getpid()}, key=key, unique=float(seconds))
+    return {"id": message.pk, "created": message.was_created}
+
+
+def debounce(queue: str, key: str, writes: str, start_at: str) -> dict:
+    """Write ``writes`` debounced payloads of one key, numbered; the last of them all must be the one kept."""
+    wait_until(float(start_at))
+    created = 0
+    for seq in range(int(writes)):
+        message = enqueue(queue, {"by": os.getpid(), "seq": seq}, key=key, debounce=30)
+        created += message.was_created
+    return {"created": created, "id": message.pk}
+
+
+def grouped(queue: str, groups: str, per_group: str, start_at: str) -> dict:
+    """Enqueue ``per_group`` messages into each of ``groups`` groups, the groups in turn (interleaved with racers)."""
+    wait_until(float(start_at))
+    ids = []
+    for n in range(int(per_group)):
+        for g in range(int(groups)):
+            ids.append(enqueue(queue, {"g": g, "n": n, "fail": n % 3 == 1}, group=f"g{g}").pk)
+    return {"ids": ids}
+
+
+ROLES = {
+    "produce": produce,
+    "consume": consume,
+    "dedup": dedup,
+    "unique-window": unique_window,
+    "debounce": debounce,
+    "grouped": grouped,
+}
 
 if __name__ == "__main__":
     role, *args = sys.argv[1:]

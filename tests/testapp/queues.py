@@ -127,3 +127,26 @@ def cancellable(message):
         time.sleep(0.1)
     mark("done", message)
     return "finished"
+
+
+@django_dbqueue.handler("fc-groups")
+@django_dbqueue.handler("fc-rate")
+def timed(message):
+    """Returns when it ran (wall clock, one machine): tests/test_flow_processes.py checks overlaps per group."""
+    started = time.time()
+    time.sleep(message.payload.get("sleep", 0))
+    return {"start": started, "end": time.time(), "pid": os.getpid()}
+
+
+@django_dbqueue.handler("fc-fifo")
+def in_order(message):
+    """Fails the first attempt of ``{"fail": true}``; hangs on the first of ``{"hang": true}`` (to be killed)."""
+    started = time.time()
+    mark("start", message)
+    if message.payload.get("hang") and message.attempts == 1:
+        mark("hang", message)
+        time.sleep(600)
+    if message.payload.get("fail") and message.attempts == 1:
+        raise ValueError("first attempts of this one fail")
+    time.sleep(0.01)
+    return {"start": started, "end": time.time()}

@@ -31,8 +31,8 @@ from django.test.utils import override_settings
 
 from ...db import vendor
 from ...db.stats import refresh_statistics
-from ...models import ArchivedMessage, Message
-from ...operations import ack_many, claim, enqueue, enqueue_many
+from ...models import ArchivedMessage, FlowGroup, Message
+from ...operations import ack_many, build_message, claim, enqueue, enqueue_many
 from ...reaper import Reaper
 from .rawsql import RawProtocol, count_written, create_write_table, drop_write_table, table_size
 
@@ -42,6 +42,7 @@ PHASES = (
     "drain",
     "drain_write",
     "per_message",
+    "drain_groups",
     "latency",
     "claim_latency",
     "memory",
@@ -52,6 +53,8 @@ PHASES = (
 # Phases run only when asked for (--phases): they take minutes at their default sizes.
 DEFAULT_PHASES = PHASES[:-2]
 PREFIX = "queuebench."
+GROUPS_QUEUE = PREFIX + "groups"
+GROUPS = 1000
 
 
 @dataclass
@@ -119,15 +122,26 @@ def median_result(results: list[Result]) -> Result:
 @contextlib.contextmanager
 def bench_queues_on(database: str, nudges: bool = True) -> Iterator[None]:
     """Route the benchmark's queues to ``database``, and turn nudges off if asked (children get both too)."""
-    if database == "default" and nudges:
-        yield
-        return
     raw = dict(getattr(settings, "DBQUEUE", {}))
+    queues = dict(raw.get("QUEUES", {}))
+    # The drain_groups phase: at most one message of a group in flight (docs/flow-control.md).
+    queues[GROUPS_QUEUE] = {**queues.get(GROUPS_QUEUE, {}), "GROUP_CONCURRENCY": 1}
     if database != "default":
-        queues = dict(raw.get("QUEUES", {}))
-        for name in ("enqueue", "enqueue_many", "drain", "latency", "claim", "memory", "soak", "soak-probe", "idle"):
+        names = (
+            "enqueue",
+            "enqueue_many",
+            "drain",
+            "groups",
+            "latency",
+            "claim",
+            "memory",
+            "soak",
+            "soak-probe",
+            "idle",
+        )
+        for name in names:
             queues[PREFIX + name] = {**queues.get(PREFIX + name, {}), "DATABASE": database}
-        raw["QUEUES"] = queues
+    raw["QUEUES"] = queues
     if not nudges:
         raw["NUDGE_HOST"] = None
     with override_settings(DBQUEUE=raw):
@@ -182,6 +196,7 @@ class QueueBench:
     def clean(self) -> None:
         Message.objects.using(self.using).filter(queue__startswith=PREFIX)._raw_delete(self.using)
         ArchivedMessage.objects.using(self.using).filter(queue__startswith=PREFIX)._raw_delete(self.using)
+        FlowGroup.objects.using(self.using).filter(queue__startswith=PREFIX).delete()
         drop_write_table(self.using)
 
     def timed(self, action: Callable[[], Any]) -> float:
@@ -210,7 +225,7 @@ class QueueBench:
         return [Result("enqueue_many", ours, "messages/s", baseline, {"messages": count})]
 
     def _drain(
-        self, role: str, *, workers: int, batch_size: int, messages: int, handler: str = "noop"
+        self, role: str, *, workers: int, batch_size: int, messages: int, handler: str = "noop", groups: int = 0
     ) -> tuple[float, float]:
         """``workers`` children of ``role`` drain ``messages``: messages/s, and their CPU milliseconds per message.
 
@@ -218,9 +233,9 @@ class QueueBench:
         finish); the CPU time is what the children spent from the start of
         their work to its end (user + system), as they report it.
         """
-        queue = PREFIX + "drain"
+        queue = GROUPS_QUEUE if groups else PREFIX + "drain"
         self.clean()
-        self.fill(queue, messages)
+        self.fill(queue, messages, groups)
         if handler == "write":
             create_write_table(self.using)
         with tempfile.TemporaryDirectory(prefix="queuebench-") as reports:
@@ -277,6 +292,24 @@ class QueueBench:
         return [
             self._drain_phase(name, workers=workers, batch_size=batch, messages=self.config.messages, handler="write")
         ]
+
+    def phase_drain_groups(self) -> list[Result]:
+        """The drain with every message in one of 1,000 groups, at most one of a group in flight, against the drain
+        of the same messages in no group (both our workers; the ratio is the cost of the group limit)."""
+        workers, batch, messages = self.config.workers, self.config.batch_size, self.config.messages
+        sizes: dict[str, Any] = {"workers": workers, "batch_size": batch, "messages": messages}
+        plain, plain_cpu = self._drain("orm-worker", **sizes)
+        grouped, grouped_cpu = self._drain("orm-worker", **sizes, groups=GROUPS)
+        extra = {
+            **sizes,
+            "groups": GROUPS,
+            "group_concurrency": 1,
+            "baseline": "the same drain, messages in no group",
+            "grouped_cpu_ms_per_message": grouped_cpu,
+            "ungrouped_cpu_ms_per_message": plain_cpu,
+        }
+        name = f"drain_groups ({GROUPS:,} groups, limit 1; {workers} workers, batch {batch})"
+        return [Result(name, grouped, "messages/s", plain, extra)]
 
     def phase_per_message(self) -> list[Result]:
         """One worker as ``runqueueworker`` runs by default (one thread, batch 1) against the raw per-message loop."""
@@ -513,9 +546,17 @@ class QueueBench:
 
     # --- data ------------------------------------------------------------------
 
-    def fill(self, queue: str, count: int) -> None:
+    def fill(self, queue: str, count: int, groups: int = 0) -> None:
+        """``count`` messages; with ``groups``, the n-th in group n modulo ``groups`` (customers' work interleaved)."""
         for start in range(0, count, 10_000):
-            enqueue_many(queue, [self.payload] * min(10_000, count - start), using=self.using)
+            size = min(10_000, count - start)
+            if not groups:
+                enqueue_many(queue, [self.payload] * size, using=self.using)
+                continue
+            pending = [
+                build_message(queue, self.payload, {"group": f"g{n % groups}"}) for n in range(start, start + size)
+            ]
+            Message.objects.using(self.using).insert_built(pending)
         # What the reaper or autovacuum would do after a bulk load (PostgreSQL only).
         refresh_statistics(self.using, Message._meta.db_table, force=True)
 
@@ -564,6 +605,12 @@ def as_table(results: list[Result], config: BenchConfig) -> str:
             )
         if r.phase.startswith("claim+ack"):
             lines.append(f"{'':<4}baseline here is the same claim+ack on empty tables, not raw SQL")
+        if r.phase.startswith("drain_groups"):
+            lines.append(
+                f"{'':<4}baseline here is our drain of the same messages in no group, not raw SQL; worker CPU "
+                f"{r.extra['grouped_cpu_ms_per_message']:.3f} ms per message "
+                f"(in no group {r.extra['ungrouped_cpu_ms_per_message']:.3f})"
+            )
         if r.phase.startswith("admin archive page"):
             rows = r.extra["archive_rows"]
             lines.append(f"{'':<4}baseline here is Django's paginator (COUNT(*)), over {rows:,} archived rows")

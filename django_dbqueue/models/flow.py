@@ -1,0 +1,506 @@
+"""Flow control per key (docs/flow-control.md): group concurrency, FIFO groups, rate limits, unique windows.
+
+Every rule is decided by the database, never by a read followed by a
+write that another process could slip between:
+
+- a group's concurrency limit: a claim locks the group's row in
+  :class:`FlowGroup` (``SKIP LOCKED``), then counts the group's messages
+  in flight with a fresh read; two claims of one group cannot both count;
+- a FIFO group: only a group's oldest live message is claimable, and the
+  claim locks that row itself;
+- a rate limit: each allowed claim takes one of ``count`` rows of
+  :class:`RateSlot` that was last used a period ago or more, and stamps it
+  with the claim's time; so no period holds more claims than there are slots;
+- a unique window: :class:`UniqueWindow` has one row per key, inserted if
+  absent or taken over by a locked update once its window has passed.
+
+The state of a group (how many run) is never stored: it is counted from
+the leases, so a lease that runs out or a dead worker gives the slot back
+with nothing to repair.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter, defaultdict
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, connections, models
+
+from .. import validation
+from ..conf import QueueOptions, RateLimit
+from ..db.capabilities import locks_outer_joined_rows
+from ..db.clock import DbNow, aware_clock, compile_now
+from ..db.sql import insert_ignoring, use_index
+from ..db.transactions import write_transaction
+from ..exceptions import InvalidOption
+from .statements import MESSAGE_TABLE, _claimable_where, _message_reader, _statement, lease_rows
+
+if TYPE_CHECKING:
+    from .messages import Message
+
+UNTIL_FINISHED = "until-finished"
+# How many claimable rows a controlled claim reads for ``limit`` messages: the
+# SELECT already leaves out full groups, but several rows of one group (or of a
+# group another claim holds) may come up, so it looks a little further than a plain claim.
+EXTRA_CANDIDATES = 10
+MAX_CANDIDATES = 1000
+# The live table's index on (lease_token, available_at): the messages in flight, whatever their queue.
+LEASE_INDEX = "dbqueue_msg_lease"
+# Rate slots unused for this long are free anyway (the longest period is an hour): the reaper deletes them.
+RATE_SLOT_IDLE = timedelta(hours=2)
+
+
+class FlowGroup(models.Model):
+    """A group that a claim has seen: the row a claim locks while it counts the group's messages in flight."""
+
+    queue = models.CharField(max_length=64)
+    name = models.CharField(max_length=255)
+
+    class Meta:
+        app_label = "django_dbqueue"
+        db_table = "dbqueue_group"
+        constraints = [models.UniqueConstraint(fields=["queue", "name"], name="dbqueue_group_queue_name")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.name}"
+
+
+class RateSlot(models.Model):
+    """One of a rate limit's ``count`` slots: free again one period after ``used_at``, the claim that took it."""
+
+    queue = models.CharField(max_length=64)
+    group = models.CharField(max_length=255, blank=True, default="", db_column="group_key", help_text="'': the queue.")
+    slot = models.PositiveIntegerField()
+    used_at = models.DateTimeField()
+
+    class Meta:
+        app_label = "django_dbqueue"
+        db_table = "dbqueue_rate_slot"
+        indexes = [models.Index(fields=["queue", "group", "used_at"], name="dbqueue_rate_used")]
+        constraints = [models.UniqueConstraint(fields=["queue", "group", "slot"], name="dbqueue_rate_queue_slot")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.group or '*'}#{self.slot}"
+
+
+class UniqueWindow(models.Model):
+    """A key taken in a queue until ``until``: enqueue(..., unique=timedelta) inserts no second one before."""
+
+    queue = models.CharField(max_length=64)
+    key = models.CharField(max_length=255)
+    until = models.DateTimeField()
+    message_id = models.BigIntegerField(null=True, blank=True, help_text="The message that took the key.")
+
+    class Meta:
+        app_label = "django_dbqueue"
+        db_table = "dbqueue_unique"
+        indexes = [models.Index(fields=["until"], name="dbqueue_unique_until")]
+        constraints = [models.UniqueConstraint(fields=["queue", "key"], name="dbqueue_unique_queue_key")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.key}"
+
+
+# --- producing: unique windows and debounce -------------------------------------------
+
+
+def key_rules(key: str | None, options: dict[str, Any], delay: Any, run_at: Any) -> tuple[float | None, float | None]:
+    """Check enqueue's ``unique`` and ``debounce``; returns the unique window and the debounce, in seconds."""
+    unique = options.get("unique", UNTIL_FINISHED)
+    debounce = options.get("debounce")
+    window = None
+    if unique != UNTIL_FINISHED:
+        if isinstance(unique, str) or unique is None:
+            raise InvalidOption(f'unique must be "until-finished" or a timedelta (a window), not {unique!r}')
+        window = validation.seconds(unique, "unique", allow_zero=False)
+    seconds = None if debounce is None else validation.seconds(debounce, "debounce", allow_zero=False)
+    if (window is not None or seconds is not None) and key is None:
+        raise InvalidOption("unique windows and debounce work on a key: give key= as well")
+    if window is not None and seconds is not None:
+        raise InvalidOption("give unique=timedelta or debounce, not both: a debounced key is replaced, not refused")
+    if seconds is not None and (delay is not None or run_at is not None):
+        raise InvalidOption("debounce sets when the message runs (now plus the debounce): leave out delay and run_at")
+    return window, seconds
+
+
+def take_window(using: str, queue: str, key: str, seconds: float) -> bool:
+    """Take ``key`` in ``queue`` for ``seconds`` from now: insert its row if absent, else take it over if passed.
+
+    Returns False when the key's window is still open. Inside the caller's
+    transaction: the row is locked until it commits.
+    """
+    windows = UniqueWindow.objects.using(using)
+    try:
+        with write_transaction(using):
+            windows.create(queue=queue, key=key, until=DbNow(seconds))
+        return True
+    except IntegrityError:
+        # The row exists: a locked update takes it only if its window passed (re-checked after any wait).
+        return windows.filter(queue=queue, key=key, until__lte=DbNow()).update(until=DbNow(seconds)) == 1
+
+
+def note_window_owner(using: str, queue: str, key: str, message_id: int) -> None:
+    UniqueWindow.objects.using(using).filter(queue=queue, key=key).update(message_id=message_id)
+
+
+# --- consuming: the controlled claim ------------------------------------------------------
+
+
+def _candidates_sql(using: str, name: str, window: int) -> str:
+    """The controlled claim's SELECT: claimable rows, locked, skipping groups that cannot run.
+
+    ``name``: ``plain`` (params queue, max_attempts), ``ordered`` (+ queue:
+    only a group's oldest message, the one with no earlier message of its
+    group; written as NOT EXISTS, which PostgreSQL plans as a walk of the
+    claim index, where ``id = MIN(id)`` made it sort every ready row),
+    ``busy<N>`` (+ the N kinds with limits of their own, queue, those kinds
+    again, limit: not groups with that many in flight), ``rated`` (+ queue, then the clock minus the period:
+    not groups whose every rate slot is in use). The filters only spare the
+    claim from reading rows it cannot take (head-of-line blocking); what
+    decides is the check under the group's lock that follows.
+    """
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    name = name.removeprefix("flow-")
+    name, joined = name.removesuffix("+groups"), name.endswith("+groups")
+    columns, _ = _message_reader(using)
+    t, g, i, q, k = qn(MESSAGE_TABLE), qn("group_key"), qn("id"), qn("queue"), qn("kind")
+    now, _ = compile_now(using)
+    where = _claimable_where(using)
+    if name == "ordered":
+        where += (
+            f" AND ({t}.{g} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} h "
+            f"WHERE h.{q} = %s AND h.{g} = {t}.{g} AND h.{i} < {t}.{i}))"
+        )
+    elif name.startswith("busy"):
+        # busy<N>: N kinds have limits of their own; they count apart, so they are neither counted nor left out here.
+        own = int(name.removeprefix("busy"))
+        kinds = ", ".join(["%s"] * own)
+        mine, theirs = (f"{t}.{k} IN ({kinds}) OR ", f"AND b.{k} NOT IN ({kinds}) ") if own else ("", "")
+        # The messages in flight are few: read them through the lease index. Given (queue, group, id),
+        # MariaDB read every message of the queue once its statistics lagged behind the backlog.
+        lease_index = use_index(using, LEASE_INDEX)
+        where += (
+            f" AND ({t}.{g} IS NULL OR {mine}{t}.{g} NOT IN (SELECT b.{g} FROM {t} b{lease_index} WHERE b.{q} = %s "
+            f"AND b.{qn('lease_token')} IS NOT NULL AND b.{qn('available_at')} > {now} AND b.{g} IS NOT NULL "
+            f"{theirs}GROUP BY b.{g} HAVING COUNT(*) >= %s))"
+        )
+    elif name == "rated":
+        s = qn(RateSlot._meta.db_table)
+        period_ago, _ = compile_now(using, -1.0)  # the SQL's shape; the period is a parameter
+        where += (
+            f" AND ({t}.{g} IS NULL OR {t}.{g} NOT IN (SELECT r.{g} FROM {s} r WHERE r.{q} = %s "
+            f"GROUP BY r.{g} HAVING MIN(r.{qn('used_at')}) > {period_ago}))"
+        )
+    lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    order = f"{t}.{qn('priority')}, {t}.{qn('available_at')}, {t}.{i}"
+    source = t
+    if joined:
+        # +groups (MySQL/MariaDB): each row's group row comes along, locked by the same statement, or NULL
+        # (no row yet, or held by another claim). This spares the claim a statement.
+        fg = qn(FlowGroup._meta.db_table)
+        source = f"{t} LEFT JOIN {fg} fg ON fg.{q} = {t}.{q} AND fg.{qn('name')} = {t}.{g}"
+        columns += f", fg.{qn('name')}"
+    return f"SELECT {columns}, {now} FROM {source} WHERE {where} ORDER BY {order} LIMIT {int(window)}{lock}"
+
+
+def claim_controlled(
+    using: str, queue: str, limit: int, options: QueueOptions, seconds: float, token: str, worker: str
+) -> tuple[list[Message], float | None]:
+    """Lease up to ``limit`` messages of a flow-controlled ``queue``, inside the caller's transaction.
+
+    Returns them in claim order, and, when the rate limit held messages
+    back, the seconds until its next slot is free (the worker sleeps that long).
+    """
+    connection = connections[using]
+    window = min(limit + EXTRA_CANDIDATES, MAX_CANDIDATES)
+    rate = options.rate_limit
+    params: list[Any] = [queue, options.max_attempts]
+    if options.ordered:
+        name = "ordered"
+        params.append(queue)
+    elif options.group_concurrency:
+        own = sorted(options.kind_group_concurrency)
+        name = f"busy{len(own)}"
+        params += [*own, queue, *own, options.group_concurrency]
+    elif rate is not None and rate.per_group:
+        name = "rated"
+        params += [queue, *compile_now(using, -rate.seconds)[1]]
+    else:
+        name = "plain"
+    limited = bool(options.group_concurrency or options.kind_group_concurrency)
+    joined = limited and locks_outer_joined_rows(using)
+    if joined:
+        name += "+groups"
+    with connection.cursor() as cursor:
+        cursor.execute(_statement(using, f"flow-{name}", window, _candidates_sql), params)
+        rows = cursor.fetchall()
+    if not rows:
+        return [], None
+    clock = aware_clock(rows[0][-1])
+    group_of = {row[0]: _group(row) for row in rows}
+    kind_of = {row[0]: _kind(row) for row in rows}
+    if limited:
+        locked = {row[-2] for row in rows if row[-2] is not None} if joined else set()
+        rows = _within_group_limits(using, queue, rows, options, group_of, kind_of, clock, limit, locked)
+    else:
+        rows = rows[:limit]
+    retry_in = None
+    if rate is not None and rows:
+        rows, retry_in = _within_rate(using, queue, rows, rate, group_of, clock)
+    return lease_rows(using, rows, seconds, token, worker), retry_in
+
+
+@functools.cache
+def _field_index(name: str) -> int:
+    """Where field ``name`` is in a claim's row (the live table's columns in model order)."""
+    from .messages import Message
+
+    return [f.attname for f in Message._meta.concrete_fields].index(name)
+
+
+def _group(row: Any) -> str | None:
+    group: str | None = row[_field_index("group")]
+    return group
+
+
+def _kind(row: Any) -> str:
+    kind: str = row[_field_index("kind")]
+    return kind
+
+
+def _within_group_limits(
+    using: str,
+    queue: str,
+    rows: list[Any],
+    options: QueueOptions,
+    group_of: dict[int, str | None],
+    kind_of: dict[int, str],
+    clock: datetime,
+    limit: int,
+    locked: set[str],
+) -> list[Any]:
+    """The rows, in claim order, that keep every group within its limit: counted under the groups' locks.
+
+    ``locked``: groups whose rows the candidates' SELECT locked already.
+    Of the others, only the first ``limit`` groups met are locked: each can
+    give the claim a message, and a group left alone stays free for a
+    concurrent claim.
+    """
+    groups: list[str] = []
+    for row in rows:
+        group = group_of[row[0]]
+        if group is not None and group not in groups:
+            groups.append(group)
+            if len(groups) >= limit:
+                break
+    locked = locked | lock_groups(using, queue, sorted(g for g in groups if g not in locked))
+    running = in_flight(using, queue, sorted(locked), clock) if locked else Counter()
+    overridden = options.kind_group_concurrency
+    taken: list[Any] = []
+    for row in rows:
+        if len(taken) >= limit:
+            break
+        group = group_of[row[0]]
+        if group is None:
+            taken.append(row)
+            continue
+        if group not in locked:
+            continue  # another claim is deciding for this group right now
+        kind = kind_of[row[0]]
+        bucket = (group, kind if kind in overridden else None)
+        allowed = options.group_limit(kind)
+        if allowed is None or running[bucket] < allowed:
+            running[bucket] += 1
+            taken.append(row)
+    return taken
+
+
+def lock_groups(using: str, queue: str, groups: list[str]) -> set[str]:
+    """Lock the rows of ``groups`` (created where missing), skipping those another claim holds; the ones locked.
+
+    Hand-written, not the ORM: it runs in the claim's short transaction,
+    which on MySQL is not one of Django's (:func:`.short_transaction`).
+    """
+    if not groups:
+        return set()
+    locked = _locked_groups(using, queue, groups)
+    missing = [g for g in groups if g not in locked]
+    if missing:
+        # Groups another claim holds are skipped; new groups (or ones the reaper pruned) get their row.
+        # Asking first (a plain read) spares an INSERT that would wait for another claim's lock.
+        held = _existing_groups(using, queue, missing)
+        missing = [g for g in missing if g not in held]
+    if missing:
+        table = FlowGroup._meta.db_table
+        with connections[using].cursor() as cursor:
+            for start in range(0, len(missing), 500):
+                chunk = missing[start : start + 500]
+                sql = insert_ignoring(using, table, ["queue", "name"], len(chunk))
+                cursor.execute(sql, [value for g in chunk for value in (queue, g)])
+        locked |= _locked_groups(using, queue, missing)
+    return locked
+
+
+def _existing_groups(using: str, queue: str, groups: list[str]) -> set[str]:
+    return _locked_groups(using, queue, groups, lock=False)
+
+
+def _locked_groups(using: str, queue: str, groups: list[str], *, lock: bool = True) -> set[str]:
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    skip_locked = lock and connection.features.has_select_for_update_skip_locked
+    lock_sql = " FOR UPDATE SKIP LOCKED" if skip_locked else ""
+    names = ", ".join(["%s"] * len(groups))
+    table = qn(FlowGroup._meta.db_table)
+    sql = f"SELECT {qn('name')} FROM {table} WHERE {qn('queue')} = %s AND {qn('name')} IN ({names}){lock_sql}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [queue, *groups])
+        return {row[0] for row in cursor.fetchall()}
+
+
+def in_flight(using: str, queue: str, groups: list[str], clock: datetime) -> Counter[tuple[str, str | None]]:
+    """Messages in flight per (group, kind) and per (group, None) for kinds without a limit of their own.
+
+    A fresh read (a new statement, after the groups' locks were taken):
+    it sees every lease that a claim of these groups committed.
+    """
+    from ..conf import queue_options
+
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    overridden = queue_options(queue).kind_group_concurrency
+    g, k = qn("group_key"), qn("kind")
+    sql = (
+        f"SELECT {g}, {k}, COUNT(*) FROM {qn(MESSAGE_TABLE)}{use_index(using, LEASE_INDEX)} WHERE {qn('queue')} = %s "
+        f"AND {g} IN ({', '.join(['%s'] * len(groups))}) AND {qn('lease_token')} IS NOT NULL "
+        f"AND {qn('available_at')} > %s GROUP BY {g}, {k}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [queue, *groups, connection.ops.adapt_datetimefield_value(clock)])
+        rows = cursor.fetchall()
+    counts: Counter[tuple[str, str | None]] = Counter()
+    for group, kind, n in rows:
+        counts[(group, kind if kind in overridden else None)] += n
+    return counts
+
+
+def _within_rate(
+    using: str, queue: str, rows: list[Any], rate: RateLimit, group_of: dict[int, str | None], clock: datetime
+) -> tuple[list[Any], float | None]:
+    """The rows, in claim order, that free rate slots allow; the slots are stamped with the claim's time."""
+    wanted: Counter[str] = Counter((group_of[row[0]] or "") if rate.per_group else "" for row in rows)
+    slots = take_slots(using, queue, wanted, rate, clock)
+    taken, left = [], Counter({scope: len(ids) for scope, ids in slots.items()})
+    for row in rows:
+        scope = (group_of[row[0]] or "") if rate.per_group else ""
+        if left[scope] > 0:
+            left[scope] -= 1
+            taken.append(row)
+    used = [pk for ids in slots.values() for pk in ids]
+    if used:
+        RateSlot.objects.using(using).filter(pk__in=used).update(used_at=clock)
+    retry_in = None
+    held = [scope for scope, n in wanted.items() if len(slots.get(scope, [])) < n]
+    if held:
+        counted = RateSlot.objects.using(using).filter(queue=queue, group__in=held, slot__lt=rate.count)
+        oldest = counted.aggregate(m=models.Min("used_at"))
+        if oldest["m"] is not None:
+            retry_in = max(0.0, (oldest["m"] + timedelta(seconds=rate.seconds) - clock).total_seconds())
+    return taken, retry_in
+
+
+def take_slots(using: str, queue: str, wanted: Counter[str], rate: RateLimit, clock: datetime) -> dict[str, list[int]]:
+    """Lock up to ``wanted[scope]`` free slots of each scope (a group, or '' for the queue); their ids by scope.
+
+    A slot is free when its last claim is a period or more before ``clock``.
+    A scope that has fewer rows than the rate's count gets the missing ones
+    (free) first.
+    """
+    free_before = clock - timedelta(seconds=rate.seconds)
+    scopes = sorted(wanted)
+    # Slots past the count are left from a higher RATE_LIMIT: they no longer count.
+    slots = RateSlot.objects.using(using).filter(queue=queue, group__in=scopes, slot__lt=rate.count)
+    found = _free_slots(slots, free_before, wanted[scopes[0]] if len(scopes) == 1 else None)
+    short = [s for s in scopes if len(found.get(s, [])) < wanted[s]]
+    if short:
+        have = dict(slots.filter(group__in=short).values_list("group").annotate(n=models.Count("id")).order_by())
+        missing = [s for s in short if have.get(s, 0) < rate.count]
+        if missing:
+            new_at = free_before - timedelta(seconds=1)
+            RateSlot.objects.using(using).bulk_create(
+                [RateSlot(queue=queue, group=s, slot=n, used_at=new_at) for s in missing for n in range(rate.count)],
+                ignore_conflicts=True,
+            )
+            again = _free_slots(slots.filter(group__in=missing).exclude(pk__in=_ids(found)), free_before)
+            for scope, ids in again.items():
+                found.setdefault(scope, []).extend(ids)
+    return {scope: ids[: wanted[scope]] for scope, ids in found.items()}
+
+
+def _free_slots(
+    slots: models.QuerySet[RateSlot], free_before: datetime, most: int | None = None
+) -> dict[str, list[int]]:
+    """Lock free slots (``most`` of them at most: one scope) and return their ids by scope.
+
+    Several scopes (groups) are locked whole: one statement cannot stop at
+    so many per group; the claim uses what it needs, and commits at once.
+    """
+    found: dict[str, list[int]] = defaultdict(list)
+    rows = slots.select_for_update(skip_locked=True).filter(used_at__lte=free_before).order_by("used_at")
+    if most is not None:
+        rows = rows[:most]
+    for pk, scope in rows.values_list("pk", "group"):
+        found[scope].append(pk)
+    return found
+
+
+def _ids(found: dict[str, list[int]]) -> list[int]:
+    return [pk for ids in found.values() for pk in ids]
+
+
+# --- the reaper and the overview ------------------------------------------------------------
+
+
+def prune(using: str, batch_size: int) -> int:
+    """Delete passed unique windows, groups without live messages, and rate slots long idle; rows deleted."""
+    from .messages import Message
+
+    deleted = 0
+    now = DbNow()
+    passed = list(UniqueWindow.objects.using(using).filter(until__lte=now).values_list("pk", flat=True)[:batch_size])
+    if passed:
+        deleted += UniqueWindow.objects.using(using).filter(pk__in=passed, until__lte=now).delete()[0]
+    live = Message.objects.using(using).filter(queue=models.OuterRef("queue"), group=models.OuterRef("name"))
+    empty = FlowGroup.objects.using(using).filter(~models.Exists(live))
+    ids = list(empty.values_list("pk", flat=True)[:batch_size])
+    if ids:
+        deleted += empty.filter(pk__in=ids).delete()[0]
+    idle = RateSlot.objects.using(using).filter(used_at__lt=DbNow(-RATE_SLOT_IDLE.total_seconds()))
+    ids = list(idle.values_list("pk", flat=True)[:batch_size])
+    if ids:
+        deleted += idle.filter(pk__in=ids).delete()[0]
+    return deleted
+
+
+def busiest_groups(using: str, queue: str, top: int = 10) -> list[tuple[str, int]]:
+    """The groups of ``queue`` with the most messages in flight, most first (the overview's list)."""
+    from .messages import Message
+
+    rows = (
+        Message.objects.using(using)
+        .filter(queue=queue, group__isnull=False)
+        .in_flight()
+        .values_list("group")
+        .annotate(n=models.Count("id"))
+        .order_by("-n", "group")[:top]
+    )
+    return [(group, n) for group, n in rows]
+
+
+def rate_use(using: str, queue: str, rate: RateLimit) -> int:
+    """Claims of ``queue`` in the current period, by the slots stamped within it (all groups together)."""
+    since = DbNow(-rate.seconds)
+    return RateSlot.objects.using(using).filter(queue=queue, used_at__gt=since).count()
