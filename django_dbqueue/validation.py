@@ -137,11 +137,25 @@ def json_size_problem(value: Any, path: str, limit: int = MAX_JSON_BYTES) -> str
 
 
 def validate_payload(payload: Any) -> Any:
+    payload_json(payload)
+    return payload
+
+
+def payload_json(payload: Any) -> str:
+    """Check a payload and return the JSON text an INSERT stores: one ``json.dumps`` serves the check and the write.
+
+    The stored text escapes non-ASCII characters, so it is never shorter
+    than the payload's UTF-8 size that the limit counts: only a text over
+    the limit needs measuring again.
+    """
     if payload is None:
         raise PayloadNotSerializable("payload is None; pass {} for an empty payload")
-    if (why := json_problem(payload, "payload") or json_size_problem(payload, "payload")) is not None:
+    if (why := json_problem(payload, "payload")) is not None:
         raise PayloadNotSerializable(why)
-    return payload
+    text = json.dumps(payload)
+    if len(text) > MAX_JSON_BYTES and (why := json_size_problem(payload, "payload")) is not None:
+        raise PayloadNotSerializable(why)
+    return text
 
 
 def validate_headers(headers: Any) -> dict[str, Any]:

@@ -1,13 +1,13 @@
 from datetime import datetime, timedelta
 
 import pytest
-from django.db import transaction
-from django.db.models.signals import post_save
+from django.db import connection, transaction
 from django.utils import timezone
 
 import django_dbqueue
 from django_dbqueue.db.clock import db_now
 from django_dbqueue.models import Message
+from django_dbqueue.models.messages import build_message
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,19 +70,21 @@ def test_a_message_taken_the_moment_it_is_written_is_enqueued_once(key):
 
     enqueue() must not read the row back after inserting it: that read found
     nothing, the enqueue failed, and the handler that sent a reply ran and
-    replied again. post_save fires right after the INSERT, so the receiver
-    here plays a consumer that is that quick.
+    replied again. The wrapper here deletes the row right after the INSERT
+    runs, before enqueue() sees its result: a consumer that is that quick.
     """
     taken = []
 
-    def take_at_once(sender, instance, created, **kwargs):
-        taken.append(Message.objects.filter(pk=instance.pk).delete()[0])
+    def take_at_once(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.startswith(f"INSERT INTO {connection.ops.quote_name('dbqueue_message')}"):
+            with connection.cursor() as cursor:
+                cursor.execute("DELETE FROM dbqueue_message WHERE queue = %s", ["replies"])
+                taken.append(cursor.rowcount)
+        return result
 
-    post_save.connect(take_at_once, sender=Message)
-    try:
+    with connection.execute_wrapper(take_at_once):
         message = django_dbqueue.enqueue("replies", {"n": 1}, key=key, delay=5)
-    finally:
-        post_save.disconnect(take_at_once, sender=Message)
     assert taken == [1] and not Message.objects.exists()
     assert message.pk is not None and message.was_created
     assert isinstance(message.created_at, datetime)
@@ -118,6 +120,33 @@ def test_enqueue_many_inserts_in_chunks_and_returns_messages(settings):
         assert sorted(m.pk for m in messages) == sorted(stored.values_list("pk", flat=True))
 
 
+def test_values_every_row_shares_are_written_once_and_stored_exactly():
+    """MySQL's driver quotes into the statement's text: a shared value is quoted once, by the same rules."""
+    tricky = "50% of 'it', \"quoted\", %s, %(x)s, back\\slash; DROP TABLE x; -- é 😀"
+    headers = {"note": tricky}
+    django_dbqueue.enqueue_many("bulk", [{"t": tricky, "n": n} for n in range(3)], kind=tricky[:100], headers=headers)
+    stored = list(Message.objects.filter(queue="bulk").order_by("id"))
+    assert [m.payload for m in stored] == [{"t": tricky, "n": n} for n in range(3)]
+    assert all(m.headers == headers and m.kind == tricky[:100] for m in stored)
+
+
+def test_rows_of_one_insert_keep_the_values_they_do_not_share():
+    """Copies of one payload to several queues, one with its own priority and time: each row keeps its own."""
+    pending = [
+        build_message("q-a", {"same": 1}, {"priority": 1}),
+        build_message("q-b", {"same": 1}, {"priority": 1, "kind": "other"}),
+        build_message("q-c", {"same": 1}, {"priority": 5, "delay": 3600}),
+    ]
+    Message.objects.insert_built(pending)
+    stored = {m.queue: m for m in Message.objects.all()}
+    assert {q: (m.payload, m.priority, m.kind) for q, m in stored.items()} == {
+        "q-a": ({"same": 1}, 1, ""),
+        "q-b": ({"same": 1}, 1, "other"),
+        "q-c": ({"same": 1}, 5, ""),
+    }
+    assert stored["q-c"].available_at - stored["q-a"].available_at == timedelta(seconds=3600)
+
+
 def test_enqueue_many_with_delay():
     django_dbqueue.enqueue_many("bulk", [{}, {}], delay=3600)
     assert Message.objects.scheduled().count() == 2
@@ -125,3 +154,20 @@ def test_enqueue_many_with_delay():
 
 def test_enqueue_many_of_nothing():
     assert django_dbqueue.enqueue_many("bulk", []) == []
+
+
+@pytest.mark.skipif(
+    connection.vendor != "mysql", reason="MySQL's answer to an INSERT is lastrowid; elsewhere it is not the id"
+)
+def test_without_returning_the_clock_is_read_first_and_the_id_taken_from_the_insert(monkeypatch):
+    """MySQL itself has no RETURNING (MariaDB has): this server stands in for it with the feature switched off."""
+    monkeypatch.setattr(connection.features, "can_return_columns_from_insert", False)
+    statements = []
+    with connection.execute_wrapper(lambda execute, sql, *args: statements.append(sql) or execute(sql, *args)):
+        message = django_dbqueue.enqueue("q", {"n": 1}, delay=5)
+    # The clock, then the INSERT (after a new connection's SETs; then, maybe, the workers' nudge addresses).
+    clock, insert = [sql for sql in statements if not sql.startswith("SET")][:2]
+    assert clock.startswith("SELECT UTC_TIMESTAMP") and insert.startswith("INSERT") and "RETURNING" not in insert
+    stored = Message.objects.get()
+    assert (message.pk, message.created_at) == (stored.pk, stored.created_at)
+    assert message.available_at == stored.available_at == stored.created_at + timedelta(seconds=5)

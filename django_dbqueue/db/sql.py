@@ -7,6 +7,9 @@ own way come from here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.db import connections
 
 
@@ -49,3 +52,25 @@ def array_columns(using: str, types: list[str]) -> str:
 def insert_returns_ids(using: str) -> bool:
     """Whether a multi-row INSERT can return the ids it made (RETURNING; not MySQL itself)."""
     return bool(connections[using].features.can_return_rows_from_bulk_insert)
+
+
+def quoter(using: str) -> Callable[[Any], str] | None:
+    """Where the driver quotes parameters into the statement's text itself (MySQLdb), a function quoting as it does.
+
+    A multi-row INSERT whose rows share most of their values then writes
+    each shared value once into its text, instead of having it quoted again
+    for every row: the driver's quoting was a third of ``enqueue_many``'s
+    time on MariaDB. The text is ready for the driver's ``%`` formatting.
+    Elsewhere None: PostgreSQL gets arrays, SQLite binds natively.
+    """
+    connection = connections[using]
+    if connection.vendor != "mysql":
+        return None
+    connection.ensure_connection()
+    driver = connection.connection
+
+    def quote(value: Any) -> str:
+        text = driver.literal(value)
+        return (text.decode(driver.encoding) if isinstance(text, bytes) else text).replace("%", "%%")
+
+    return quote

@@ -10,6 +10,7 @@ lease is given back, how a message moves to the archive.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import uuid
@@ -41,9 +42,11 @@ from .statements import (
     archive_copies,
     claim_is_one_statement,
     claim_rows,
+    delete_locked,
     distinct_leading,
     finish_is_one_statement,
     finish_leased,
+    insert_message,
     insert_messages,
     lock_leased,
 )
@@ -132,9 +135,10 @@ def build_message(queue: str, payload: Any, options: dict[str, Any]) -> tuple[Me
     run_at = validation.aware_datetime(options.get("run_at"), "run_at")
     if delay is not None and run_at is not None:
         raise InvalidOption("give delay or run_at, not both")
+    payload_json = validation.payload_json(payload)
     message = Message(
         queue=validation.validate_queue_name(queue),
-        payload=validation.validate_payload(payload),
+        payload=payload,
         kind=validation.validate_kind(options.get("kind", "")),
         key=validation.validate_key(options.get("key")),
         group=validation.validate_key(options.get("group"), "group"),
@@ -143,6 +147,7 @@ def build_message(queue: str, payload: Any, options: dict[str, Any]) -> tuple[Me
         max_attempts=validation.validate_max_attempts(options.get("max_attempts")),
         expires_at=validation.aware_datetime(options.get("expires_at"), "expires_at"),
     )
+    message.keep_payload_json(payload_json)
     if run_at is not None:
         message.available_at = message.first_available_at = run_at
     message._dbqueue_window, message._dbqueue_debounce = flow.key_rules(message.key, options, delay, run_at)
@@ -332,6 +337,9 @@ class MessageQuerySet(models.QuerySet["Message"]):
         debounce = getattr(message, "_dbqueue_debounce", None)
 
         def insert() -> bool:
+            if message.key is None:  # the common case, in one hand-written statement
+                insert_message(using, message, None if scheduled else delay or 0)
+                return True
             now = DbNow() if returned else db_now(using)
             message.created_at = now
             if debounce is not None:
@@ -339,9 +347,6 @@ class MessageQuerySet(models.QuerySet["Message"]):
             if not scheduled:
                 later = DbNow(delay or 0) if returned else now + timedelta(seconds=delay or 0)
                 message.available_at = message.first_available_at = later
-            if message.key is None:
-                message.save(using=using, force_insert=True)
-                return True
             if window is not None:
                 return self._insert_in_window(message, window)
             return self._insert_or_get(message)
@@ -730,7 +735,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
                     return owned
                 archived = [m.pk for m in messages if m.pk in owned and queue_options(m.queue).archive]
                 archive_copies(using, archived, Outcome.ACKED, worker, kept, notes)
-                self.filter(pk__in=owned)._raw_delete(using)
+                delete_locked(using, owned)
             return owned
 
         return with_retries(using, run, what="ack_many")
@@ -856,9 +861,21 @@ class Message(ConsumerActions, HandlerReports, models.Model):
         copy = Message.__new__(Message)
         copy.__dict__.update(self.__dict__)
         copy._state = ModelState()
-        copy.payload = validation.validate_payload(payload)
+        copy.payload = payload
+        copy.keep_payload_json(validation.payload_json(payload))
         copy.headers = headers
         return copy
+
+    def keep_payload_json(self, text: str) -> None:
+        """Keep the payload's JSON text that validation made, for the INSERT (see :meth:`payload_json`)."""
+        self._dbqueue_payload_json = (self.payload, text)
+
+    def payload_json(self) -> str:
+        """The payload as the JSON text an INSERT writes: validation's text while the payload is the one it checked."""
+        kept = self.__dict__.get("_dbqueue_payload_json")
+        if kept is not None and kept[0] is self.payload:
+            return kept[1]
+        return json.dumps(self.payload)
 
     @property
     def was_created(self) -> bool:

@@ -67,13 +67,14 @@ DBQUEUE = {
     "TOPICS": {"orders": ["email"]},
 }
 
+LOG_LEVEL = env("DBQUEUE_LOG_LEVEL", default="WARNING")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "level": env("DBQUEUE_LOG_LEVEL", default="WARNING")},
+        "console": {"class": "logging.StreamHandler", "level": LOG_LEVEL},
     },
-    # The logger passes everything; the handler's level decides what the console shows
-    # (the demo adds its own handler for the per-message DEBUG lines).
-    "loggers": {"django_dbqueue": {"handlers": ["console"], "level": "DEBUG"}},
+    # Below the logger's level the queue's per-message lines are never even formatted
+    # (the demo lowers it to DEBUG while its own handler prints them).
+    "loggers": {"django_dbqueue": {"handlers": ["console"], "level": LOG_LEVEL}},
 }

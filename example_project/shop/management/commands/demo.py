@@ -151,6 +151,8 @@ class Command(BaseCommand):
         printer.setFormatter(logging.Formatter("  %(message)s"))
         printer.addFilter(lambda record: record.getMessage().startswith("message ") and " in " in record.getMessage())
         log.addHandler(printer)
+        level = log.level
+        log.setLevel(logging.DEBUG)
         try:
             deadline = time.monotonic() + 30
             # A failed message waits out its backoff (scheduled, not ready), so run again until none is left.
@@ -158,6 +160,7 @@ class Command(BaseCommand):
                 QueueWorker(WorkerConfig(queues=queues, batch_size=10, until_empty=True)).run()
                 time.sleep(0.2)
         finally:
+            log.setLevel(level)
             log.removeHandler(printer)
 
     def archive_report(self, queues):
