@@ -872,7 +872,7 @@ class Message(ConsumerActions, HandlerReports, models.Model):
 
     def payload_json(self) -> str:
         """The payload as the JSON text an INSERT writes: validation's text while the payload is the one it checked."""
-        kept = self.__dict__.get("_dbqueue_payload_json")
+        kept: tuple[Any, str] | None = self.__dict__.get("_dbqueue_payload_json")
         if kept is not None and kept[0] is self.payload:
             return kept[1]
         return json.dumps(self.payload)
