@@ -6,6 +6,7 @@ from django.utils import timezone
 
 import django_dbqueue
 from django_dbqueue.db.clock import db_now
+from django_dbqueue.exceptions import PayloadNotSerializable
 from django_dbqueue.models import Message
 from django_dbqueue.models.messages import build_message
 
@@ -171,3 +172,13 @@ def test_without_returning_the_clock_is_read_first_and_the_id_taken_from_the_ins
     stored = Message.objects.get()
     assert (message.pk, message.created_at) == (stored.pk, stored.created_at)
     assert message.available_at == stored.available_at == stored.created_at + timedelta(seconds=5)
+
+
+def test_the_size_limit_counts_utf8_though_the_stored_text_escapes_non_ascii():
+    """The INSERT's JSON escapes "é" to six characters; the limit counts its two UTF-8 bytes, as it always did."""
+    within = {"text": "é" * 400_000}  # 800,000 bytes in UTF-8, 2,400,000 characters escaped
+    message = django_dbqueue.enqueue("q", within)
+    assert Message.objects.get(pk=message.pk).payload == within
+    with pytest.raises(PayloadNotSerializable, match="bytes as JSON; the limit is 1,000,000"):
+        django_dbqueue.enqueue("q", {"text": "é" * 500_001})
+    assert Message.objects.count() == 1

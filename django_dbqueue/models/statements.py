@@ -299,7 +299,7 @@ def insert_messages(using: str, messages: list[Message], batch_size: int) -> Non
             chunk = messages[start : start + per_statement]
             rows = [inserted_values(m, adapt) for m in chunk]
             if arrays:
-                # One array per column: a statement of 12 parameters, whatever the rows, which the
+                # One array per column: as many parameters as columns, whatever the rows, which the
                 # driver prepares in no time (with one placeholder per value, that was half the cost).
                 sql, params = head + arrays, [list(column) for column in zip(*rows, strict=True)]
             else:
