@@ -194,3 +194,53 @@ def test_queryset_counts_and_oldest_age():
     age = Message.objects.oldest_ready_age("a")
     assert timedelta(minutes=9) < age < timedelta(minutes=11)
     assert Message.objects.oldest_ready_age("b") is None
+
+
+def test_a_lease_lost_between_the_batch_copy_and_its_delete_is_not_archived():
+    """MySQL/MariaDB/SQLite acknowledge a batch without locking it first: copy, then delete, by the lease guard.
+
+    A lease released between the two statements (the reaper, an operator)
+    leaves the delete one row short: the acknowledgement rolls back and
+    takes the locking path, so the released message is neither archived
+    nor deleted. The release commits from another connection, which the
+    copy's unlocked read does not block. PostgreSQL acknowledges in one
+    statement, and SQLite's acknowledgement holds the one write lock from
+    its BEGIN: neither has such a window (their fallback runs in
+    test_ack_many_reports_each_lease).
+    """
+    import threading
+
+    from django.db import connection, connections
+
+    if connection.vendor != "mysql":
+        pytest.skip("no window between the copy and the delete on this database")
+    django_dbqueue.enqueue_many("q", [{"n": n} for n in range(3)])
+    messages = Message.objects.claim("q", 3)
+    released = messages[1]
+    release = "UPDATE dbqueue_message SET lease_token = NULL WHERE id = %s"
+    seen: list[str] = []
+
+    def release_elsewhere() -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute(release, [released.pk])
+        finally:
+            connections["default"].close()
+
+    def before_the_delete(execute, sql, params, many, context):
+        seen.append(sql.split()[0])
+        if sql.startswith("DELETE") and seen.count("DELETE") == 1:
+            other = threading.Thread(target=release_elsewhere)
+            other.start()
+            other.join(timeout=30)
+            assert not other.is_alive(), "the copy locked the row it read"
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(before_the_delete):
+        assert Message.objects.ack_many(messages) == [True, False, True]
+    assert seen.count("INSERT") == 2, seen  # the unlocked copy, rolled back, then the locked path's
+    assert list(Message.objects.values_list("pk", flat=True)) == [released.pk]
+    assert Message.objects.get().lease_token is None
+    assert sorted(ArchivedMessage.objects.values_list("message_id", flat=True)) == sorted(
+        m.pk for m in messages if m is not released
+    )

@@ -182,3 +182,32 @@ def test_the_size_limit_counts_utf8_though_the_stored_text_escapes_non_ascii():
     with pytest.raises(PayloadNotSerializable, match="bytes as JSON; the limit is 1,000,000"):
         django_dbqueue.enqueue("q", {"text": "é" * 500_001})
     assert Message.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("timing", "due_after"),
+    [({}, timedelta(0)), ({"delay": 5}, timedelta(seconds=5)), ({"delay": timedelta(0)}, timedelta(0)), (None, None)],
+    ids=["now", "delay", "zero-delay", "run_at"],
+)
+def test_what_enqueue_returns_is_what_it_stored(timing, due_after):
+    """One INSERT per timing (its SQL written once): the message returned carries the stored row's values."""
+    run_at = timezone.now() + timedelta(hours=1)
+    fields = ("queue", "kind", "key", "payload", "headers", "priority", "max_attempts", "expires_at")
+    times = ("created_at", "available_at", "first_available_at")
+    for _ in range(2):  # the second call runs the statement written by the first
+        options = timing if timing is not None else {"run_at": run_at}
+        message = django_dbqueue.enqueue("q", {"n": 1}, kind="k", headers={"h": 1}, priority=3, **options)
+        stored = Message.objects.get(pk=message.pk)
+        assert [getattr(message, f) for f in fields + times] == [getattr(stored, f) for f in fields + times]
+        if due_after is None:
+            assert stored.available_at == stored.first_available_at == run_at
+        else:
+            assert stored.available_at - stored.created_at == due_after
+
+
+def test_messages_built_by_enqueue_share_no_headers():
+    """Messages are built by copying a blank one (not Model.__init__): each still gets its own headers dict."""
+    first, second = django_dbqueue.enqueue("q", {}), django_dbqueue.enqueue("q", {})
+    first.headers["mine"] = True
+    assert second.headers == {} and Message.unsaved(queue="q").headers == {}
+    assert first.pk != second.pk and first._state.adding is False and Message.unsaved(queue="q")._state.adding

@@ -85,8 +85,9 @@ def _archive_copy_sql(
     results: Mapping[int, Any],
     errors: Mapping[int, str] | None,
     source: str,
+    guard: tuple[str, list[Any]] | None = None,
 ) -> tuple[str, list[Any]]:
-    """The ``INSERT ... SELECT`` of :func:`archive_copies`, reading rows ``ids`` of ``source``."""
+    """The ``INSERT ... SELECT`` of :func:`archive_copies`: rows ``ids`` of ``source`` (that match ``guard``)."""
     connection = connections[using]
     qn = connection.ops.quote_name
     now_sql, now_params = compile_now(using)
@@ -115,6 +116,9 @@ def _archive_copy_sql(
         f"FROM {qn(source)} WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))})"
     )
     params = [*error_params, *now_params, outcome, *([worker] if worker else []), *result_params, *ids]
+    if guard is not None:
+        sql += f" AND {guard[0]}"
+        params += guard[1]
     return sql, params
 
 
@@ -143,6 +147,39 @@ def lock_leased(using: str, leases: Mapping[str, list[int]]) -> set[int]:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {qn('id')} FROM {qn(MESSAGE_TABLE)} WHERE {where}{lock}", params)
         return {row[0] for row in cursor.fetchall()}
+
+
+def ack_unlocked(
+    using: str,
+    leases: Mapping[str, list[int]],
+    archived: list[int],
+    worker: str,
+    results: Mapping[int, Any],
+    errors: Mapping[int, str],
+) -> bool:
+    """Archive ``archived`` and delete every message of ``leases`` by the lease guard, with no lock taken first.
+
+    For MySQL, MariaDB and SQLite, inside the caller's transaction: the
+    ``INSERT ... SELECT`` and then the ``DELETE``, both guarded, one round
+    trip fewer than locking the rows first (:func:`lock_leased`). Under READ
+    COMMITTED the copy's read locks nothing, so a lease may be lost between
+    the two statements; but a lease that did not hold for the copy cannot
+    hold for the delete, so the rows deleted are a subset of those copied,
+    and equal counts mean equal sets. Returns whether every lease held:
+    when not, the caller rolls back and takes the locking path, which tells
+    which ones did.
+    """
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    guard = _lease_match(using, leases)
+    with connection.cursor() as cursor:
+        if archived:
+            sql, params = _archive_copy_sql(using, archived, "acked", worker, results, errors, MESSAGE_TABLE, guard)
+            cursor.execute(sql, params)
+            if cursor.rowcount != len(archived):
+                return False
+        cursor.execute(f"DELETE FROM {qn(MESSAGE_TABLE)} WHERE {guard[0]}", guard[1])
+        return bool(cursor.rowcount == sum(len(ids) for ids in leases.values()))
 
 
 def delete_locked(using: str, ids: set[int]) -> None:
@@ -219,7 +256,10 @@ def inserted_values(m: Message, adapt: Callable[[Any], Any]) -> list[Any]:
 
 CLOCKED = ("available_at", "first_available_at", "created_at")
 PAYLOAD = INSERTED.index("payload")
+AVAILABLE_AT = INSERTED.index("available_at")
+CREATED_AT = INSERTED.index("created_at")
 COLUMNS = range(len(INSERTED))
+assert INSERTED[AVAILABLE_AT : CREATED_AT + 1] == CLOCKED  # insert_message() relies on the order
 
 
 def insert_message(using: str, message: Message, delay: float | None) -> None:
@@ -234,26 +274,23 @@ def insert_message(using: str, message: Message, delay: float | None) -> None:
     anew on every call, about half of a single enqueue's Python time.
     """
     connection = connections[using]
-    qn = connection.ops.quote_name
     returning = connection.features.can_return_columns_from_insert
     if not returning:
         now = message.created_at = db_now(using)
         if delay is not None:
             message.available_at = message.first_available_at = now + timedelta(seconds=delay)
-    values = dict(zip(INSERTED, inserted_values(message, connection.ops.adapt_datetimefield_value), strict=True))
-    json_sql = json_param(using)
-    placeholders = {c: (json_sql if c in ("payload", "headers") else "%s", [values[c]]) for c in INSERTED}
+    values = inserted_values(message, connection.ops.adapt_datetimefield_value)
     if returning:
-        placeholders["created_at"] = compile_now(using)
-        if delay is not None:
-            placeholders["available_at"] = placeholders["first_available_at"] = compile_now(using, delay)
-    sql = (
-        f"INSERT INTO {qn(MESSAGE_TABLE)} ({', '.join(qn(c) for c in INSERTED)}) "
-        f"VALUES ({', '.join(placeholders[c][0] for c in INSERTED)})"
-    )
-    if returning:
-        sql += f" RETURNING {', '.join(qn(c) for c in ('id', *CLOCKED))}"
-    params = [p for c in INSERTED for p in placeholders[c][1]]
+        timing = "at" if delay is None else "later" if delay else "now"
+        sql = _statement(using, f"insert-{timing}", 1, _insert_sql)
+        clock = compile_now(using, delay)[1] if delay else []  # the delay's parameter, if any
+        params = [
+            *values[:AVAILABLE_AT],
+            *([values[AVAILABLE_AT], values[AVAILABLE_AT + 1]] if delay is None else clock + clock),
+            *values[CREATED_AT + 1 :],
+        ]
+    else:
+        sql, params = _statement(using, "insert-values", 1, _insert_sql), values
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         if returning:
@@ -264,6 +301,29 @@ def insert_message(using: str, message: Message, delay: float | None) -> None:
             message.pk = cursor.lastrowid
     message._state.adding = False
     message._state.db = using
+
+
+def _insert_sql(using: str, name: str, size: int) -> str:
+    """The INSERT of :func:`insert_message`: ``insert-values`` (every value a parameter, MySQL) or,
+    RETURNING its id and times, ``insert-now``, ``insert-later`` (a delay, one parameter per time) and
+    ``insert-at`` (``available_at`` given), with ``created_at`` from the database's clock."""
+    qn = connections[using].ops.quote_name
+    json_sql = json_param(using)
+    cells = {c: json_sql if c in ("payload", "headers") else "%s" for c in INSERTED}
+    if name != "insert-values":
+        cells["created_at"] = compile_now(using)[0]
+        if name != "insert-at":
+            # Any non-zero delay writes the same SQL, its amount a parameter.
+            cells["available_at"] = cells["first_available_at"] = compile_now(
+                using, 1.0 if name == "insert-later" else 0
+            )[0]
+    sql = (
+        f"INSERT INTO {qn(MESSAGE_TABLE)} ({', '.join(qn(c) for c in INSERTED)}) "
+        f"VALUES ({', '.join(cells[c] for c in INSERTED)})"
+    )
+    if name != "insert-values":
+        sql += f" RETURNING {', '.join(qn(c) for c in ('id', *CLOCKED))}"
+    return sql
 
 
 def insert_messages(using: str, messages: list[Message], batch_size: int) -> None:
