@@ -293,7 +293,10 @@ def insert_message(using: str, message: Message, delay: float | None) -> None:
         sql, params = _statement(using, "insert-values", 1, _insert_sql), values
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        if returning:
+        if returning and delay == 0:  # three times from one clock reading, which a statement takes once
+            message.pk, created_at = cursor.fetchone()
+            message.created_at = message.available_at = message.first_available_at = aware_clock(created_at)
+        elif returning:
             message.pk, *times = cursor.fetchone()
             for column, value in zip(CLOCKED, times, strict=True):
                 setattr(message, column, aware_clock(value))
@@ -322,7 +325,9 @@ def _insert_sql(using: str, name: str, size: int) -> str:
         f"VALUES ({', '.join(cells[c] for c in INSERTED)})"
     )
     if name != "insert-values":
-        sql += f" RETURNING {', '.join(qn(c) for c in ('id', *CLOCKED))}"
+        # insert-now writes one clock expression three times, which the statement evaluates once: one is enough.
+        returned = ("id", "created_at") if name == "insert-now" else ("id", *CLOCKED)
+        sql += f" RETURNING {', '.join(qn(c) for c in returned)}"
     return sql
 
 
@@ -461,8 +466,7 @@ _STATEMENTS: dict[tuple[str, str, int], str] = {}
 
 def _statement(using: str, name: str, size: int, make: Any) -> str:
     """The hot path's SQL ``name`` for ``size`` rows, written once per database alias: ``make(using, name, size)``."""
-    connection = connections[using]
-    key = (connection.alias, name, size)
+    key = (using, name, size)  # an alias names one connection's settings: no lookup of the connection
     sql = _STATEMENTS.get(key)
     if sql is None:
         sql = _STATEMENTS[key] = make(using, name, size)

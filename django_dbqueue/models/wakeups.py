@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from ..conf import get_settings
 from ..db import notify
@@ -35,7 +35,10 @@ def after_enqueue(using: str, queues: Iterable[str]) -> None:
     names = set(queues)
     if not names or notify.can_listen(using) or get_settings().nudge_host is None:
         return
-    transaction.on_commit(lambda: send(using, names), using=using)
+    if connections[using].in_atomic_block:
+        transaction.on_commit(lambda: send(using, names), using=using)
+    else:  # committed already: what on_commit would do at once, without its bookkeeping
+        send(using, names)
 
 
 def send(using: str, queues: set[str]) -> None:
