@@ -30,6 +30,28 @@ def test_claim_leases_in_priority_then_age_order():
     assert Message.objects.claim("q") == []
 
 
+def test_a_claimed_message_is_what_the_orm_reads_from_its_row():
+    """Claimed rows become messages without Model.__init__: every field as the ORM reads it, and a loaded instance."""
+    sent = django_dbqueue.enqueue(
+        "q",
+        {"n": [1, "é"]},
+        kind="k",
+        key="k1",
+        headers={"h": 1},
+        priority=2,
+        max_attempts=4,
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    Message.objects.filter(pk=sent.pk).update(last_error="before")
+    (claimed,) = Message.objects.claim("q", worker="w1")
+    stored = Message.objects.get(pk=sent.pk)
+    names = [f.attname for f in Message._meta.concrete_fields]
+    assert [getattr(claimed, n) for n in names] == [getattr(stored, n) for n in names]
+    assert (claimed._state.adding, claimed._state.db) == (False, stored._state.db)
+    claimed.refresh_from_db(fields=["attempts"])  # a loaded instance: Django's own methods work on it
+    assert claimed.attempts == 1 and claimed.ack(worker="w1")
+
+
 def test_claim_from_several_queues_serves_the_first_listed_first():
     a = django_dbqueue.enqueue("a", {})
     b1 = django_dbqueue.enqueue("b", {})

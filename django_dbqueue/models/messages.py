@@ -896,6 +896,22 @@ class Message(ConsumerActions, HandlerReports, models.Model):
             setattr(message, name, value)
         return message
 
+    @classmethod
+    def from_row(cls, using: str, names: list[str], values: list[Any]) -> Message:
+        """A message read from database ``using``, its fields ``names`` set to ``values`` (already converted).
+
+        What ``from_db`` builds, without running Model.__init__ (1.9 µs a row
+        instead of 4.4; Django's ``pre_init``/``post_init`` are not sent, as
+        docs/signals.md says of claims).
+        """
+        message = cls.__new__(cls)
+        state = ModelState()
+        state.adding = False
+        state.db = using
+        message._state = state
+        message.__dict__.update(zip(names, values, strict=True))
+        return message
+
     def with_payload(self, payload: Any, headers: dict[str, Any]) -> Message:
         """A new unsaved message like this unsaved one, with ``payload`` (validated) and ``headers``.
 

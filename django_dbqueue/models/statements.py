@@ -438,7 +438,7 @@ def _message_reader(using: str) -> tuple[str, Any]:
         for i, funcs, col in converters:
             for convert in funcs:
                 values[i] = convert(values[i], col, connection)
-        return Message.from_db(using, names, values)
+        return Message.from_row(using, names, values)
 
     reader = (", ".join(f"{qn(MESSAGE_TABLE)}.{qn(str(f.column))}" for f in fields), build)
     _READERS[key] = reader
