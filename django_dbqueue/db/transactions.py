@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol, cast
 
 from django.db import connections, transaction
@@ -13,6 +13,18 @@ class TransactionMode(Protocol):
     """SQLite's ``transaction_mode`` (Django 5.1+): the BEGIN it issues; not in django-stubs yet."""
 
     transaction_mode: str | None
+
+
+def after_commit(using: str, action: Callable[[], None]) -> None:
+    """Run ``action`` once the caller's transaction on ``using`` commits: at once in autocommit.
+
+    ``transaction.on_commit`` does the same, but outside ``atomic()`` it still
+    does its bookkeeping on every call: the enqueue path calls this per message.
+    """
+    if connections[using].in_atomic_block:
+        transaction.on_commit(action, using=using)
+    else:
+        action()
 
 
 @contextlib.contextmanager

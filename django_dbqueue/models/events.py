@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, transaction
 from django.dispatch import Signal
 
 from .. import signals
+from ..db.transactions import after_commit
 from . import wakeups
 
 if TYPE_CHECKING:
@@ -38,10 +38,7 @@ def send(signal: Signal, using: str, events: list[dict[str, Any]]) -> None:
     """Send ``signal`` once per event, now or, inside a transaction, when it commits."""
     if not events or not listened(signal):
         return
-    if connections[using].in_atomic_block:
-        transaction.on_commit(lambda: _deliver(signal, using, events), using=using)
-    else:
-        _deliver(signal, using, events)
+    after_commit(using, lambda: _deliver(signal, using, events))
 
 
 def _deliver(signal: Signal, using: str, events: list[dict[str, Any]]) -> None:

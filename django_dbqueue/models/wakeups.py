@@ -16,10 +16,9 @@ import threading
 import time
 from collections.abc import Iterable
 
-from django.db import connections, transaction
-
 from ..conf import get_settings
 from ..db import notify
+from ..db.transactions import after_commit
 from .workers import Worker
 
 logger = logging.getLogger("django_dbqueue")
@@ -35,10 +34,7 @@ def after_enqueue(using: str, queues: Iterable[str]) -> None:
     names = set(queues)
     if not names or notify.can_listen(using) or get_settings().nudge_host is None:
         return
-    if connections[using].in_atomic_block:
-        transaction.on_commit(lambda: send(using, names), using=using)
-    else:  # committed already: what on_commit would do at once, without its bookkeeping
-        send(using, names)
+    after_commit(using, lambda: send(using, names))
 
 
 def send(using: str, queues: set[str]) -> None:
