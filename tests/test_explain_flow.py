@@ -67,3 +67,16 @@ def test_the_controlled_claim_walks_the_claim_index_without_a_sort_or_a_full_sca
             assert "Seq Scan on dbqueue_message" not in plan, plan
             # The claim index gives the rows in ORDER BY order: a Sort may only order a subquery's few rows.
             assert "Sort Key: dbqueue_message.priority" not in plan, plan
+
+
+def test_the_fifo_claims_second_read_of_the_heads_on_mysql_reads_the_group_index(backlog):
+    if connection.vendor != "mysql":
+        pytest.skip("only MySQL/MariaDB read the heads again (docs/flow-control.md, FIFO groups)")
+    with CaptureQueriesContext(connection) as queries:
+        assert Message.objects.claim("fc-fifo", 10)
+    (sql,) = [q["sql"] for q in queries.captured_queries if "MIN(" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN FORMAT=JSON {sql}")
+        plan = json.dumps(json.loads(cursor.fetchone()[0]))
+    assert '"key": "dbqueue_msg_group"' in plan, plan
+    assert '"access_type": "ALL"' not in plan, plan

@@ -33,6 +33,24 @@ def locks_outer_joined_rows(using: str) -> bool:
     return connections[using].vendor == "mysql"
 
 
+def writes_one_at_a_time(using: str) -> bool:
+    """True where a writing transaction holds the whole database until it ends (SQLite).
+
+    There ids are handed out in commit order, and no statement runs beside another writer's.
+    """
+    return connections[using].vendor == "sqlite"
+
+
+def locking_reads_see_newer_rows(using: str) -> bool:
+    """True where a locking read returns rows committed after its statement's snapshot (InnoDB: MySQL/MariaDB).
+
+    A sub-select that does not lock reads the snapshot instead, so within
+    one ``SELECT ... FOR UPDATE`` the two can disagree about what exists.
+    PostgreSQL's locking reads see only the snapshot's rows.
+    """
+    return connections[using].vendor == "mysql"
+
+
 def runs_repeatable_read(using: str) -> bool:
     """True for MySQL/MariaDB at REPEATABLE READ, where a claim inside a longer transaction misses new rows."""
     connection = connections[using]

@@ -7,7 +7,8 @@ write that another process could slip between:
   :class:`FlowGroup` (``SKIP LOCKED``), then counts the group's messages
   in flight with a fresh read; two claims of one group cannot both count;
 - a FIFO group: only a group's oldest live message is claimable, and the
-  claim locks that row itself;
+  claim locks that row itself; producers of one group take turns on the
+  group's row, so its ids are handed out in commit order;
 - a rate limit: each allowed claim takes one of ``count`` rows of
   :class:`RateSlot` that was last used a period ago or more, and stamps it
   with the claim's time; so no period holds more claims than there are slots;
@@ -29,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, connections, models
 
 from .. import validation
-from ..conf import QueueOptions, RateLimit
-from ..db.capabilities import locks_outer_joined_rows
+from ..conf import QueueOptions, RateLimit, queue_options
+from ..db.capabilities import locking_reads_see_newer_rows, locks_outer_joined_rows, writes_one_at_a_time
 from ..db.clock import DbNow, aware_clock, compile_now
-from ..db.sql import insert_ignoring, use_index
+from ..db.sql import insert_ignoring, insert_locking, use_index
 from ..db.transactions import write_transaction
 from ..exceptions import InvalidOption
 from .statements import MESSAGE_TABLE, _claimable_where, _message_reader, _statement, lease_rows
@@ -145,6 +146,35 @@ def note_window_owner(using: str, queue: str, key: str, message_id: int) -> None
     UniqueWindow.objects.using(using).filter(queue=queue, key=key).update(message_id=message_id)
 
 
+# --- producing: FIFO groups take turns ---------------------------------------------------
+
+
+def takes_turns(using: str, queue: str) -> bool:
+    """Whether producers of a group of ``queue`` take turns (:func:`take_turns`): ordered queues, not on SQLite."""
+    return queue_options(queue).ordered and not writes_one_at_a_time(using)
+
+
+def take_turns(using: str, queue: str, groups: set[str]) -> None:
+    """Hold the rows of ``groups`` of an ordered ``queue`` until the producer's transaction ends.
+
+    A FIFO group's order is its ids'. Two producers whose transactions
+    overlap would otherwise get ids in the order they inserted but commit
+    in either order; a claim between the two commits would take the later
+    id for the group's head, and the earlier would then run beside it once
+    committed. Holding the group's row from before the INSERT until the
+    commit makes the group's ids come in commit order. Producers of other
+    groups do not wait; the rows are taken in sorted order, so producers
+    of several groups at once do not deadlock each other.
+    """
+    table = FlowGroup._meta.db_table
+    names = sorted(groups)
+    with connections[using].cursor() as cursor:
+        for start in range(0, len(names), 500):
+            chunk = names[start : start + 500]
+            sql = insert_locking(using, table, ["queue", "name"], ["queue", "name"], len(chunk))
+            cursor.execute(sql, [value for g in chunk for value in (queue, g)])
+
+
 # --- consuming: the controlled claim ------------------------------------------------------
 
 
@@ -242,6 +272,8 @@ def claim_controlled(
     clock = aware_clock(rows[0][-1])
     group_of = {row[0]: _group(row) for row in rows}
     kind_of = {row[0]: _kind(row) for row in rows}
+    if options.ordered and locking_reads_see_newer_rows(using):
+        rows = heads_only(using, queue, rows, group_of)
     if limited:
         locked = {row[-2] for row in rows if row[-2] is not None} if joined else set()
         rows = _within_group_limits(using, queue, rows, options, group_of, kind_of, clock, limit, locked)
@@ -251,6 +283,32 @@ def claim_controlled(
     if rate is not None and rows:
         rows, retry_in = _within_rate(using, queue, rows, rate, group_of, clock)
     return lease_rows(using, rows, seconds, token, worker), retry_in
+
+
+def heads_only(using: str, queue: str, rows: list[Any], group_of: dict[int, str | None]) -> list[Any]:
+    """The rows that are their group's oldest live message, by a read in a statement of its own.
+
+    MySQL/MariaDB: the candidates' locking read returns the newest
+    committed rows, while its NOT EXISTS reads the statement's snapshot,
+    which may be older. A message committed after the snapshot could then
+    pass for its group's head, its elder having committed after the
+    snapshot too. A new statement's snapshot holds every row the locking
+    read returned, and so, producers taking turns, each one's elders.
+    """
+    groups = sorted({group for group in group_of.values() if group is not None})
+    if not groups:
+        return rows
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    g, i = qn("group_key"), qn("id")
+    sql = (
+        f"SELECT {g}, MIN({i}) FROM {qn(MESSAGE_TABLE)} WHERE {qn('queue')} = %s "
+        f"AND {g} IN ({', '.join(['%s'] * len(groups))}) GROUP BY {g}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [queue, *groups])
+        head = dict(cursor.fetchall())
+    return [row for row in rows if group_of[row[0]] is None or head.get(group_of[row[0]]) == row[0]]
 
 
 @functools.cache
@@ -367,8 +425,6 @@ def in_flight(using: str, queue: str, groups: list[str], clock: datetime) -> Cou
     A fresh read (a new statement, after the groups' locks were taken):
     it sees every lease that a claim of these groups committed.
     """
-    from ..conf import queue_options
-
     connection = connections[using]
     qn = connection.ops.quote_name
     overridden = queue_options(queue).kind_group_concurrency

@@ -357,6 +357,15 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 return on._insert_in_window(message, window)
             return on._insert_or_get(message)
 
+        group = message.group
+        if group is not None and flow.takes_turns(using, message.queue):
+            unlocked = insert
+
+            def insert() -> bool:
+                with write_transaction(using):
+                    flow.take_turns(using, message.queue, {group})
+                    return unlocked()
+
         message._dbqueue_created = with_retries(using, insert, what="enqueue")
         return message
 
@@ -460,6 +469,12 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 message.available_at = message.first_available_at = now + timedelta(seconds=delay or 0)
             messages.append(message)
         with write_transaction(using):
+            turns: dict[str, set[str]] = defaultdict(set)
+            for message in messages:
+                if message.group is not None and flow.takes_turns(using, message.queue):
+                    turns[message.queue].add(message.group)
+            for queue, groups in sorted(turns.items()):
+                flow.take_turns(using, queue, groups)
             plain = [m for m in messages if m.key is None]
             insert_messages(using, plain, batch)
             for message in plain:
