@@ -149,4 +149,5 @@ def in_order(message):
     if message.payload.get("fail") and message.attempts == 1:
         raise ValueError("first attempts of this one fail")
     time.sleep(0.01)
+    mark("end", message)  # before its acknowledgement: the next of its group cannot start before this line
     return {"start": started, "end": time.time()}
