@@ -124,14 +124,25 @@ def test_a_rate_limit_lets_no_more_claims_through_in_a_period_and_says_when_to_c
     assert RateSlot.objects.filter(queue="fc-rate-slow").count() == 3
 
 
-def test_a_lowered_rate_limit_leaves_the_slots_of_the_higher_one_unused(settings):
+@pytest.mark.parametrize("used", [(0, 1, 2), (3, 4, 5), (0, 4, 5)], ids=["kept", "retired", "both"])
+def test_a_lowered_rate_limit_counts_the_claims_already_made_in_its_period(settings, used):
+    """6/m lowered to 3/m after 3 claims: none more this minute, whichever slots those claims took.
+
+    Which of its free slots a claim takes is the database's choice; the
+    test gives the claims' stamps to the slots named by ``used``.
+    """
     settings.DBQUEUE = {"QUEUES": {"fc-rate-slow": {"RATE_LIMIT": "6/m"}}}
     django_dbqueue.enqueue_many("fc-rate-slow", [{"n": n} for n in range(8)])
     assert len(claim("fc-rate-slow", 3)) == 3  # 6 slots made, 3 of them used
-    assert RateSlot.objects.filter(queue="fc-rate-slow").count() == 6
+    slots = RateSlot.objects.filter(queue="fc-rate-slow")
+    assert slots.count() == 6
+    stamps = sorted(slots.values_list("used_at", flat=True))  # 3 old ones, then the claims' 3
+    for slot, used_at in zip([n for n in range(6) if n not in used] + list(used), stamps, strict=True):
+        slots.filter(slot=slot).update(used_at=used_at)
     settings.DBQUEUE = {"QUEUES": {"fc-rate-slow": {"RATE_LIMIT": "3/m"}}}
-    held = claim("fc-rate-slow", 8)  # 3 claims in this minute already: the 3 free slots of 6/m do not count
+    held = claim("fc-rate-slow", 8)  # 3 claims in this minute already
     assert held == [] and held.retry_in is not None and held.retry_in > 55
+    assert slots.count() == 6  # the slots past the new limit are not taken, and count until they age out
 
 
 def test_a_rate_limit_per_group_counts_each_group_alone():

@@ -461,7 +461,9 @@ def _within_rate(
     retry_in = None
     held = [scope for scope, n in wanted.items() if len(slots.get(scope, [])) < n]
     if held:
-        counted = RateSlot.objects.using(using).filter(queue=queue, group__in=held, slot__lt=rate.count)
+        # The next claim can go once the oldest use in the period ages out, whatever its slot's number.
+        since = clock - timedelta(seconds=rate.seconds)
+        counted = RateSlot.objects.using(using).filter(queue=queue, group__in=held, used_at__gt=since)
         oldest = counted.aggregate(m=models.Min("used_at"))
         if oldest["m"] is not None:
             retry_in = max(0.0, (oldest["m"] + timedelta(seconds=rate.seconds) - clock).total_seconds())
@@ -474,15 +476,23 @@ def take_slots(using: str, queue: str, wanted: Counter[str], rate: RateLimit, cl
     A slot is free when its last claim is a period or more before ``clock``.
     A scope that has fewer rows than the rate's count gets the missing ones
     (free) first.
+
+    Slots numbered ``count`` and up are left from a higher RATE_LIMIT: no
+    claim takes them any more, but their uses in the period still count.
+    Each such use costs the scope one of its free slots, so the lowered
+    limit holds at once: the free slots, less those uses, are what the
+    period has left.
     """
     free_before = clock - timedelta(seconds=rate.seconds)
     scopes = sorted(wanted)
-    # Slots past the count are left from a higher RATE_LIMIT: they no longer count.
-    slots = RateSlot.objects.using(using).filter(queue=queue, group__in=scopes, slot__lt=rate.count)
-    found = _free_slots(slots, free_before, wanted[scopes[0]] if len(scopes) == 1 else None)
-    short = [s for s in scopes if len(found.get(s, [])) < wanted[s]]
+    rows = RateSlot.objects.using(using).filter(queue=queue, group__in=scopes)
+    retired = Counter(dict(_counts(rows.filter(slot__gte=rate.count, used_at__gt=free_before))))
+    asked = Counter({s: wanted[s] + retired[s] for s in scopes})
+    slots = rows.filter(slot__lt=rate.count)
+    found = _free_slots(slots, free_before, asked[scopes[0]] if len(scopes) == 1 else None)
+    short = [s for s in scopes if len(found.get(s, [])) < asked[s]]
     if short:
-        have = dict(slots.filter(group__in=short).values_list("group").annotate(n=models.Count("id")).order_by())
+        have = dict(_counts(slots.filter(group__in=short)))
         missing = [s for s in short if have.get(s, 0) < rate.count]
         if missing:
             new_at = free_before - timedelta(seconds=1)
@@ -493,7 +503,12 @@ def take_slots(using: str, queue: str, wanted: Counter[str], rate: RateLimit, cl
             again = _free_slots(slots.filter(group__in=missing).exclude(pk__in=_ids(found)), free_before)
             for scope, ids in again.items():
                 found.setdefault(scope, []).extend(ids)
-    return {scope: ids[: wanted[scope]] for scope, ids in found.items()}
+    return {scope: ids[: max(0, min(wanted[scope], len(ids) - retired[scope]))] for scope, ids in found.items()}
+
+
+def _counts(slots: models.QuerySet[RateSlot]) -> list[tuple[str, int]]:
+    """How many of ``slots`` each scope has."""
+    return list(slots.values_list("group").annotate(n=models.Count("id")).order_by())
 
 
 def _free_slots(
