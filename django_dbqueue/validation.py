@@ -125,6 +125,35 @@ def json_problem(value: Any, path: str, *, max_depth: int = MAX_JSON_DEPTH) -> s
     return None
 
 
+def _plain_json(value: Any) -> str | None:
+    """``value``'s JSON text when it plainly passes :func:`json_problem`; None when only that walk can tell.
+
+    The walk looks at every scalar in Python, and it was most of the cost
+    of building a message. Here ``json.dumps`` (in C) refuses what is not
+    JSON, NaN and infinities; its ASCII text shows any NUL (``\\u0000``)
+    and any surrogate (``\\udXXX``, lone or in a pair: then the walk
+    decides); what is left to look at in Python is the containers, for
+    keys that are not strings (which dumps would turn into strings) and
+    for depth. None sends the caller to the walk, which names the problem.
+    """
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if "\\u0000" in text or "\\ud" in text:
+        return None
+    stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list | tuple) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return None
+        children = item.values() if isinstance(item, dict) else item
+        if isinstance(item, dict) and not all(type(key) is str for key in item):
+            return None
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))
+    return text
+
+
 def json_size_problem(value: Any, path: str, limit: int = MAX_JSON_BYTES) -> str | None:
     """Why ``value`` (already plain JSON) is too large to store, or None."""
     size = len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
@@ -150,9 +179,11 @@ def payload_json(payload: Any) -> str:
     """
     if payload is None:
         raise PayloadNotSerializable("payload is None; pass {} for an empty payload")
-    if (why := json_problem(payload, "payload")) is not None:
-        raise PayloadNotSerializable(why)
-    text = json.dumps(payload)
+    text = _plain_json(payload)
+    if text is None:
+        if (why := json_problem(payload, "payload")) is not None:
+            raise PayloadNotSerializable(why)
+        text = json.dumps(payload)
     if len(text) > MAX_JSON_BYTES and (why := json_size_problem(payload, "payload")) is not None:
         raise PayloadNotSerializable(why)
     return text

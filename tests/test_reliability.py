@@ -1,11 +1,14 @@
 """Reliability rules of the model layer, each guarding a defect seen before (issue 15).
 
-Every test here failed on the code before its fix; each runs on SQLite,
-MariaDB and PostgreSQL. Faults that need real worker processes are in
+Every test here failed on the code before its fix, or guards a quicker
+path to the same rule; each runs on SQLite, MariaDB and PostgreSQL. Faults that need real worker processes are in
 tests/test_faults.py.
 """
 
+import enum
+import json
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -62,6 +65,59 @@ def test_values_some_database_cannot_store_are_refused_on_every_database(
         with pytest.raises(PayloadNotSerializable, match=words):
             django_dbqueue.enqueue_many("q", [{"fine": 1}, payload])
     assert archive_and_live_counts() == (0, 0)
+
+
+def nested_dicts(depth: int) -> dict:
+    """A JSON object nested ``depth`` levels deep."""
+    value: dict = {}
+    for _ in range(depth - 1):
+        value = {"k": value}
+    return value
+
+
+class Level(enum.IntEnum):
+    HIGH = 1
+
+
+# Values at the edges of what payload_json() takes: its quick check (json.dumps, then the containers) must
+# give what the walk over every value gives, the text to store or the walk's refusal word for word.
+EDGES = [
+    {"n": 1, "s": "plain"},
+    7,
+    "text",
+    [1, [2, (3, 4)], {"t": (5,)}],
+    {"emoji": "😀", "é": "é"},  # a surrogate pair in the text: the walk decides, and takes it
+    {"looks escaped": "\\u0000 and \\ud800"},  # backslashes, not a NUL or a surrogate
+    {"level": Level.HIGH, "big": 2**80, "f": -0.0, "none": None, "yes": True},
+    {1: "int key"},
+    {True: "bool key"},
+    {None: "None key"},
+    {"k": {2.5: "float key"}},
+    {"nan": float("nan")},
+    [float("-inf")],
+    {"nul": "a\x00b"},
+    {"pair": "\ud83d"},
+    {"d": Decimal("1")},
+    {"s": {1, 2}},
+    {"b": b"bytes"},
+    nested(validation.MAX_JSON_DEPTH),
+    nested(validation.MAX_JSON_DEPTH + 1),
+    nested_dicts(validation.MAX_JSON_DEPTH),
+    nested_dicts(validation.MAX_JSON_DEPTH + 1),
+    {"k": [nested_dicts(validation.MAX_JSON_DEPTH - 1)]},
+    nested(2000),
+]
+
+
+@pytest.mark.parametrize("payload", EDGES, ids=range(len(EDGES)))
+def test_the_payload_check_takes_and_refuses_what_the_walk_over_every_value_does(payload):
+    why = validation.json_problem(payload, "payload")
+    if why is None:
+        assert validation.payload_json(payload) == json.dumps(payload)
+    else:
+        with pytest.raises(PayloadNotSerializable) as refused:
+            validation.payload_json(payload)
+        assert str(refused.value) == why
 
 
 def test_the_limits_themselves_are_stored_on_every_database():
