@@ -4,17 +4,20 @@ The queues' settings are in tests/settings.py (``fc-*``). The races between
 processes are in tests/test_flow_processes.py.
 """
 
+import contextlib
+import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 
 import django_dbqueue
 from django_dbqueue.conf import find_problems, parse_rate_limit
 from django_dbqueue.exceptions import ImproperlyConfiguredQueue, InvalidOption
 from django_dbqueue.models import ArchivedMessage, FlowGroup, Message, RateSlot, UniqueWindow
 from django_dbqueue.models.flow import prune
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -261,10 +264,6 @@ def test_the_claim_reads_the_vendor_sql_it_expects():
 @pytest.mark.skipif("connection.vendor == 'sqlite'", reason="SQLite has no row locks: its one writer serializes claims")
 def test_a_locked_head_is_skipped_and_the_message_behind_it_is_not_taken_for_the_head():
     """The FIFO rule reads the group's oldest message without locking it, so a claim holding it hides nothing."""
-    import threading
-
-    from django.db import connections, transaction
-
     head = django_dbqueue.enqueue("fc-fifo", {"n": 0}, group="a")
     django_dbqueue.enqueue("fc-fifo", {"n": 1}, group="a")
     locked, release = threading.Event(), threading.Event()
@@ -291,8 +290,6 @@ def test_a_locked_head_is_skipped_and_the_message_behind_it_is_not_taken_for_the
 
 def statements_waiting(prefix):
     """How many sessions run a statement starting with ``prefix`` while it waits for a lock (MySQL/PostgreSQL)."""
-    from django.db import connections
-
     with connections["default"].cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
@@ -307,26 +304,35 @@ def statements_waiting(prefix):
         return cursor.fetchone()[0]
 
 
+@contextlib.contextmanager
+def open_enqueue(queue, group):
+    """A producer in another thread enqueues into ``group`` and keeps its transaction open until the block ends."""
+    made, opened, release = {}, threading.Event(), threading.Event()
+
+    def produce():
+        try:
+            with transaction.atomic():
+                made["message"] = django_dbqueue.enqueue(queue, {"n": "first"}, group=group)
+                opened.set()
+                release.wait(60)
+        finally:
+            connections.close_all()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        assert opened.wait(30)
+        yield made
+    finally:
+        release.set()
+        producer.join(60)
+
+
 @pytest.mark.skipif("connection.vendor == 'sqlite'", reason="SQLite has one writer: the second producer waits anyway")
 @pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
 def test_producers_of_one_fifo_group_take_turns_so_its_ids_come_in_commit_order(many):
     """Else the second producer commits first, a claim takes it for the head, and the first runs beside it."""
-    import threading
-
-    from django.db import connections, transaction
-
-    from tests.support.processes import wait_for
-
-    made, opened, release = {}, threading.Event(), threading.Event()
-
-    def first_producer():
-        try:
-            with transaction.atomic():
-                made["first"] = django_dbqueue.enqueue("fc-fifo", {"n": "first"}, group="a")
-                opened.set()
-                release.wait(30)
-        finally:
-            connections.close_all()
+    made = {}
 
     def second_producer():
         try:
@@ -339,25 +345,46 @@ def test_producers_of_one_fifo_group_take_turns_so_its_ids_come_in_commit_order(
         finally:
             connections.close_all()
 
-    first, second = threading.Thread(target=first_producer), threading.Thread(target=second_producer)
-    first.start()
+    second = threading.Thread(target=second_producer)
     try:
-        assert opened.wait(30)
-        django_dbqueue.enqueue("fc-fifo", {"n": "other"}, group="b")  # another group does not wait
-        second.start()
-        waiting = 'INSERT INTO "dbqueue_group"' if connection.vendor == "postgresql" else "INSERT INTO `dbqueue_group`"
-        wait_for(lambda: statements_waiting(waiting) or not second.is_alive(), timeout=30, what="the second producer")
-        assert second.is_alive(), "the second producer of group a did not wait for the first one's commit"
-        assert [m.payload["n"] for m in claim("fc-fifo")] == ["other"]
+        with open_enqueue("fc-fifo", "a") as first:
+            django_dbqueue.enqueue("fc-fifo", {"n": "other"}, group="b")  # another group does not wait
+            second.start()
+            waiting = "INSERT INTO " + connection.ops.quote_name("dbqueue_group")
+            wait_for(lambda: statements_waiting(waiting) or not second.is_alive(), timeout=30, what="the producer")
+            assert second.is_alive(), "the second producer of group a did not wait for the first one's commit"
+            assert [m.payload["n"] for m in claim("fc-fifo")] == ["other"]
     finally:
-        release.set()
-        first.join(30)
         second.join(30)
-    assert made["first"].pk < made["second"].pk
+    assert first["message"].pk < made["second"].pk
     for n in ("first", "second", "third", "fourth") if many else ("first", "second"):
         (message,) = claim("fc-fifo")
         assert message.payload["n"] == n
         assert message.ack()
+
+
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="SQLite has one writer: a producer holds it all")
+def test_the_reaper_skips_a_group_whose_producer_holds_it_and_prunes_the_rest():
+    """The held group looks empty (its message is not committed): waiting for it would stall the reaper."""
+    for name in ("empty", "held"):  # rows left by earlier messages of these groups
+        FlowGroup.objects.create(queue="fc-fifo", name=name)
+    pruned = []
+
+    def reap():
+        try:
+            pruned.append(prune("default", 100))
+        finally:
+            connections.close_all()
+
+    with open_enqueue("fc-fifo", "held"):
+        reaper = threading.Thread(target=reap)
+        reaper.start()
+        reaper.join(20)
+        assert not reaper.is_alive(), "the reaper waited for the producer's transaction"
+    reaper.join(60)
+    assert pruned == [1]
+    assert list(FlowGroup.objects.values_list("name", flat=True)) == ["held"]
+    assert Message.objects.get().group == "held"
 
 
 @pytest.mark.skipif("connection.vendor != 'mysql'", reason="only InnoDB's locking read outruns its sub-select")
