@@ -30,28 +30,6 @@ def insert_ignoring(using: str, table: str, columns: list[str], rows: int) -> st
     return f"{head} {qn(table)} ({', '.join(qn(c) for c in columns)}) VALUES {values} {tail}".rstrip()
 
 
-def insert_locking(using: str, table: str, columns: list[str], conflict: list[str], rows: int) -> str:
-    """A multi-row INSERT that, where a unique index on ``conflict`` already holds a row, locks that row instead.
-
-    The lock lasts until the transaction ends. MySQL/MariaDB take the
-    existing row's exclusive lock for ``ON DUPLICATE KEY UPDATE`` even when
-    the update changes nothing; PostgreSQL's ``ON CONFLICT ... DO UPDATE``
-    locks the row it updates. Either waits for a concurrent transaction
-    that holds the row, or is inserting it. SQLite has one writer: it gets
-    the IGNORE form, since a writer there holds the whole database anyway.
-    """
-    connection = connections[using]
-    qn = connection.ops.quote_name
-    if connection.vendor == "sqlite":
-        return insert_ignoring(using, table, columns, rows)
-    values = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * rows)
-    head = f"INSERT INTO {qn(table)} ({', '.join(qn(c) for c in columns)}) VALUES {values}"
-    first = qn(conflict[0])
-    if connection.vendor == "mysql":
-        return f"{head} ON DUPLICATE KEY UPDATE {first} = {first}"
-    return f"{head} ON CONFLICT ({', '.join(qn(c) for c in conflict)}) DO UPDATE SET {first} = EXCLUDED.{first}"
-
-
 def use_index(using: str, index: str) -> str:
     """A hint after a table's name (and alias) to read it through ``index``: MySQL/MariaDB only, else ''.
 

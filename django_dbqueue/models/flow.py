@@ -33,7 +33,7 @@ from .. import validation
 from ..conf import QueueOptions, RateLimit, queue_options
 from ..db.capabilities import locking_reads_see_newer_rows, locks_outer_joined_rows, writes_one_at_a_time
 from ..db.clock import DbNow, aware_clock, compile_now
-from ..db.sql import insert_ignoring, insert_locking, use_index
+from ..db.sql import insert_ignoring, use_index
 from ..db.transactions import write_transaction
 from ..exceptions import InvalidOption
 from .statements import MESSAGE_TABLE, _claimable_where, _message_reader, _statement, lease_rows
@@ -162,17 +162,23 @@ def take_turns(using: str, queue: str, groups: set[str]) -> None:
     in either order; a claim between the two commits would take the later
     id for the group's head, and the earlier would then run beside it once
     committed. Holding the group's row from before the INSERT until the
-    commit makes the group's ids come in commit order. Producers of other
-    groups do not wait; the rows are taken in sorted order, so producers
-    of several groups at once do not deadlock each other.
+    commit makes the group's ids come in commit order.
+
+    A plain ``SELECT ... FOR UPDATE`` by the unique key locks a row that
+    exists and nothing else; only a group's first producer (or the first
+    after the reaper pruned its row) inserts it, and holds the new row.
+    An upsert would be one statement, but on InnoDB its duplicate check
+    locks the gap before the row too, and made producers of other groups
+    wait. The rows are taken in sorted order, so producers of several
+    groups at once do not deadlock each other.
     """
-    table = FlowGroup._meta.db_table
     names = sorted(groups)
-    with connections[using].cursor() as cursor:
-        for start in range(0, len(names), 500):
-            chunk = names[start : start + 500]
-            sql = insert_locking(using, table, ["queue", "name"], ["queue", "name"], len(chunk))
-            cursor.execute(sql, [value for g in chunk for value in (queue, g)])
+    for start in range(0, len(names), 500):
+        chunk = names[start : start + 500]
+        missing = [g for g in chunk if g not in _locked_groups(using, queue, chunk, lock="wait")]
+        if missing:
+            _insert_groups(using, queue, missing)
+            _locked_groups(using, queue, missing, lock="wait")  # those another producer inserted first
 
 
 # --- consuming: the controlled claim ------------------------------------------------------
@@ -392,25 +398,33 @@ def lock_groups(using: str, queue: str, groups: list[str]) -> set[str]:
         held = _existing_groups(using, queue, missing)
         missing = [g for g in missing if g not in held]
     if missing:
-        table = FlowGroup._meta.db_table
-        with connections[using].cursor() as cursor:
-            for start in range(0, len(missing), 500):
-                chunk = missing[start : start + 500]
-                sql = insert_ignoring(using, table, ["queue", "name"], len(chunk))
-                cursor.execute(sql, [value for g in chunk for value in (queue, g)])
+        _insert_groups(using, queue, missing)
         locked |= _locked_groups(using, queue, missing)
     return locked
 
 
+def _insert_groups(using: str, queue: str, groups: list[str]) -> None:
+    """Insert the rows of ``groups``, skipping those that exist (another process may insert them first)."""
+    table = FlowGroup._meta.db_table
+    with connections[using].cursor() as cursor:
+        for start in range(0, len(groups), 500):
+            chunk = groups[start : start + 500]
+            sql = insert_ignoring(using, table, ["queue", "name"], len(chunk))
+            cursor.execute(sql, [value for g in chunk for value in (queue, g)])
+
+
 def _existing_groups(using: str, queue: str, groups: list[str]) -> set[str]:
-    return _locked_groups(using, queue, groups, lock=False)
+    return _locked_groups(using, queue, groups, lock="")
 
 
-def _locked_groups(using: str, queue: str, groups: list[str], *, lock: bool = True) -> set[str]:
+def _locked_groups(using: str, queue: str, groups: list[str], *, lock: str = "skip") -> set[str]:
+    """The names of ``groups`` that have a row; ``lock``: "skip" rows held elsewhere, "wait" for them, "" no lock."""
     connection = connections[using]
     qn = connection.ops.quote_name
-    skip_locked = lock and connection.features.has_select_for_update_skip_locked
-    lock_sql = " FOR UPDATE SKIP LOCKED" if skip_locked else ""
+    lock_sql = ""
+    if lock and connection.features.has_select_for_update:
+        skip = lock == "skip" and connection.features.has_select_for_update_skip_locked
+        lock_sql = " FOR UPDATE SKIP LOCKED" if skip else " FOR UPDATE"
     names = ", ".join(["%s"] * len(groups))
     table = qn(FlowGroup._meta.db_table)
     sql = f"SELECT {qn('name')} FROM {table} WHERE {qn('queue')} = %s AND {qn('name')} IN ({names}){lock_sql}"
