@@ -555,27 +555,36 @@ def prune(using: str, batch_size: int) -> int:
 
     now = DbNow()
     live = Message.objects.using(using).filter(queue=models.OuterRef("queue"), group=models.OuterRef("name"))
+    # A group row is only a handle to lock: deleting one that just got a message again is harmless (the next
+    # claim or producer inserts it again), so its lock and delete need not repeat the sub-select.
     return (
         _delete_unlocked(UniqueWindow.objects.using(using).filter(until__lte=now), batch_size)
-        + _delete_unlocked(FlowGroup.objects.using(using).filter(~models.Exists(live)), batch_size)
+        + _delete_unlocked(FlowGroup.objects.using(using).filter(~models.Exists(live)), batch_size, recheck=False)
         + _delete_unlocked(
             RateSlot.objects.using(using).filter(used_at__lt=DbNow(-RATE_SLOT_IDLE.total_seconds())), batch_size
         )
     )
 
 
-def _delete_unlocked(rows: models.QuerySet[Any], batch_size: int) -> int:
+def _delete_unlocked(rows: models.QuerySet[Any], batch_size: int, *, recheck: bool = True) -> int:
     """Delete up to ``batch_size`` of ``rows``, leaving those another transaction holds to a later pass.
 
     A producer of a FIFO group holds the group's row until its own
     transaction commits, however long that is, and its message is not yet
     visible: the group looks empty. Waiting for that lock would stall the
-    reaper (on PostgreSQL without end); skipping it loses nothing.
+    reaper (on PostgreSQL without end). So the rows are found by a plain
+    read, then locked by primary key with ``SKIP LOCKED`` (and, with
+    ``recheck``, still matching ``rows``) and deleted; no statement that
+    locks reads another table.
     """
     using = rows.db
+    ids = list(rows.values_list("pk", flat=True)[:batch_size])
+    if not ids:
+        return 0
+    target = rows if recheck else rows.model._default_manager.using(using)
     with write_transaction(using):
-        ids = list(rows.select_for_update(skip_locked=True).values_list("pk", flat=True)[:batch_size])
-        return rows.filter(pk__in=ids).delete()[0] if ids else 0
+        free = list(target.filter(pk__in=ids).select_for_update(skip_locked=True).values_list("pk", flat=True))
+        return target.model._default_manager.using(using).filter(pk__in=free).delete()[0] if free else 0
 
 
 def busiest_groups(using: str, queue: str, top: int = 10) -> list[tuple[str, int]]:
