@@ -72,12 +72,22 @@ def navigate(driver, element) -> None:
     Without the waits, the next lookup can read the page being left (its
     message list, its rows), or a page still loading, on a slow machine.
     """
-    from selenium.webdriver.support import expected_conditions
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
     old = driver.find_element("tag name", "html")
+
+    def gone(_) -> bool:
+        # Stale, or, from Chromium while its document is being replaced, "Node with given id does not
+        # belong to the document": a WebDriverException that is not StaleElementReferenceException.
+        try:
+            old.is_enabled()
+        except WebDriverException:
+            return True
+        return False
+
     element.click()
-    WebDriverWait(driver, 60).until(expected_conditions.staleness_of(old))
+    WebDriverWait(driver, 60).until(gone)
     # The old page is gone; wait for the new one to finish loading too, or an
     # element found now may belong to a document still being replaced.
     WebDriverWait(driver, 60).until(lambda d: d.execute_script("return document.readyState") == "complete")
