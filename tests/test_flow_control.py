@@ -266,25 +266,8 @@ def test_a_locked_head_is_skipped_and_the_message_behind_it_is_not_taken_for_the
     """The FIFO rule reads the group's oldest message without locking it, so a claim holding it hides nothing."""
     head = django_dbqueue.enqueue("fc-fifo", {"n": 0}, group="a")
     django_dbqueue.enqueue("fc-fifo", {"n": 1}, group="a")
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_head():
-        try:
-            with transaction.atomic():
-                list(Message.objects.select_for_update().filter(pk=head.pk))
-                locked.set()
-                release.wait(30)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold_the_head)
-    holder.start()
-    try:
-        assert locked.wait(30)
+    with held_open(lambda: list(Message.objects.select_for_update().filter(pk=head.pk))):
         assert claim("fc-fifo") == []
-    finally:
-        release.set()
-        holder.join(30)
     assert [m.payload["n"] for m in claim("fc-fifo")] == [0]
 
 
@@ -334,27 +317,35 @@ def unpurged_group_rows():
 
 
 @contextlib.contextmanager
-def open_enqueue(queue, group):
-    """A producer in another thread enqueues into ``group`` and keeps its transaction open until the block ends."""
+def held_open(action):
+    """Run ``action`` in a transaction on another thread, and keep that transaction open until the block ends.
+
+    Yields a dict whose ``"result"`` is what ``action`` returned.
+    """
     made, opened, release = {}, threading.Event(), threading.Event()
 
-    def produce():
+    def hold():
         try:
             with transaction.atomic():
-                made["message"] = django_dbqueue.enqueue(queue, {"n": "first"}, group=group)
+                made["result"] = action()
                 opened.set()
                 release.wait(60)
         finally:
             connections.close_all()
 
-    producer = threading.Thread(target=produce)
-    producer.start()
+    holder = threading.Thread(target=hold)
+    holder.start()
     try:
         assert opened.wait(30)
         yield made
     finally:
         release.set()
-        producer.join(60)
+        holder.join(60)
+
+
+def open_enqueue(queue, group):
+    """A producer in another thread enqueues into ``group`` and keeps its transaction open until the block ends."""
+    return held_open(lambda: django_dbqueue.enqueue(queue, {"n": "first"}, group=group))
 
 
 @pytest.mark.skipif("connection.vendor == 'sqlite'", reason="SQLite has one writer: the second producer waits anyway")
@@ -385,7 +376,7 @@ def test_producers_of_one_fifo_group_take_turns_so_its_ids_come_in_commit_order(
             assert [m.payload["n"] for m in claim("fc-fifo")] == ["other"]
     finally:
         second.join(30)
-    assert first["message"].pk < made["second"].pk
+    assert first["result"].pk < made["second"].pk
     for n in ("first", "second", "third", "fourth") if many else ("first", "second"):
         (message,) = claim("fc-fifo")
         assert message.payload["n"] == n
