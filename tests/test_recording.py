@@ -50,16 +50,16 @@ def fail_once(monkeypatch, method: str, error: Exception) -> dict:
 
 def test_weather_recording_an_outcome_is_waited_out(monkeypatch, caplog):
     """A lost connection while acknowledging: retried until written, the handler not run again."""
-    real = MessageQuerySet.finish
+    real = MessageQuerySet.ack_many
     failures = {"left": 2}
 
-    def finish(self, message, outcome, *args, **kwargs):
+    def ack_many(self, messages, **kwargs):
         if failures["left"]:
             failures["left"] -= 1
             raise InterfaceError(0, "")  # what mysqlclient raises on a connection the server dropped
-        return real(self, message, outcome, *args, **kwargs)
+        return real(self, messages, **kwargs)
 
-    monkeypatch.setattr(MessageQuerySet, "finish", finish)
+    monkeypatch.setattr(MessageQuerySet, "ack_many", ack_many)
     message = django_dbqueue.enqueue("w-ok", {})
     assert run(["w-ok"]) == ExitStatus.OK
     assert failures["left"] == 0 and caplog.text.count("retrying") == 2
@@ -74,6 +74,7 @@ def test_a_stopping_worker_gives_up_an_outage_after_the_grace(monkeypatch, caplo
         raise InterfaceError(0, "")
 
     monkeypatch.setattr(MessageQuerySet, "finish", finish)
+    monkeypatch.setattr(MessageQuerySet, "ack_many", finish)
     message = django_dbqueue.enqueue("w-ok", {})
     started = time.monotonic()
     status = QueueWorker(WorkerConfig(queues=["w-ok"], max_runtime=1, grace=1)).run()
@@ -115,9 +116,10 @@ def test_a_permanent_error_is_never_retried_and_the_message_is_recorded_otherwis
     settings.DBQUEUE = {**settings.DBQUEUE, "BACKOFF_BASE": 60}
     message = django_dbqueue.enqueue("w-outcomes", {"action": action})
     following = django_dbqueue.enqueue("w-outcomes", {"action": "ok"})
-    batched_ack = action == "ok" and batch_size > 1
+    batched_ack = action == "ok"
     if batched_ack:
-        # The batch's acks are written together; when that fails for good, one by one, and each alone succeeds.
+        # Acks are written a batch at a time (one message, or three); when that fails for good, one by one,
+        # and each alone succeeds.
         method, fate, words = "ack_many", Outcome.ACKED, None
     counts = fail_once(monkeypatch, method, DataError(REFUSAL))
     with caplog.at_level(logging.WARNING, logger="django_dbqueue"):
@@ -171,7 +173,7 @@ def test_in_a_batch_one_ack_that_cannot_be_stored_does_not_block_the_others(monk
 def test_when_nothing_can_be_stored_the_message_is_left_to_its_lease(monkeypatch, caplog):
     """Not even a bare dead letter can be written: the worker goes on, and the message's lease will expire."""
     stuck = django_dbqueue.enqueue("w-ok", {"n": 1})
-    real = MessageQuerySet.finish
+    real, real_ack_many = MessageQuerySet.finish, MessageQuerySet.ack_many
     tries = []
 
     def finish(self, message, outcome, *args, **kwargs):
@@ -180,10 +182,19 @@ def test_when_nothing_can_be_stored_the_message_is_left_to_its_lease(monkeypatch
             raise DataError(REFUSAL)
         return real(self, message, outcome, *args, **kwargs)
 
+    def ack_many(self, messages, **kwargs):
+        messages = list(messages)
+        if stuck.pk in {m.pk for m in messages}:
+            tries.append("batch")
+            raise DataError(REFUSAL)
+        return real_ack_many(self, messages, **kwargs)
+
     monkeypatch.setattr(MessageQuerySet, "finish", finish)
+    monkeypatch.setattr(MessageQuerySet, "ack_many", ack_many)
     following = django_dbqueue.enqueue("w-ok", {"n": 2})
     assert run(["w-ok"]) == ExitStatus.OK
-    assert tries == [Outcome.ACKED, Outcome.DEAD, Outcome.DEAD]  # the ack, the dead letter, the bare one: once each
+    # The batch's ack, its ack alone, the dead letter, the bare one: once each.
+    assert tries == ["batch", Outcome.ACKED, Outcome.DEAD, Outcome.DEAD]
     assert Message.objects.in_flight().get().pk == stuck.pk
     assert ArchivedMessage.objects.get(message_id=following.pk).outcome == Outcome.ACKED
 

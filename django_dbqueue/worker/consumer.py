@@ -3,8 +3,9 @@
 Each consumer has its own database connection for the worker's life. It
 claims up to ``batch_size`` messages, runs them one after another through
 :mod:`django_dbqueue.running`, and writes each outcome as the handler ends,
-except acknowledgements of a batch: those are written together, in one
-transaction, when the batch is done. What it holds is in the worker's
+except acknowledgements: when the batch is done, its acks are handed to the
+worker's :class:`~.completer.Completer`, which writes them in one
+transaction while this thread claims the next batch. What it holds is in the worker's
 :class:`~.ledger.Ledger`; idle, it waits with a doubling backoff, or until
 woken (a NOTIFY, a stop).
 
@@ -27,6 +28,7 @@ from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import DbQueueError
 from ..models import Message, QueueState
 from ..running import HandlerOutcome, Verdict, decide
+from .completer import Completer, CompleterGone, Handover
 from .config import WorkerConfig
 from .ledger import Ledger
 from .lifecycle import Lifecycle
@@ -71,6 +73,7 @@ class Consumer:
         ledger: Ledger,
         lifecycle: Lifecycle,
         paused: PausedQueues,
+        completer: Completer,
     ) -> None:
         self.slot = slot
         self.name = name
@@ -83,9 +86,9 @@ class Consumer:
         self.lifecycle = lifecycle
         self.paused = paused
         self.writer = Writer(using, name, give_up=lifecycle.finished)
-        # With batches, acks are written together when the batch is done: one
-        # transaction instead of one per message. Their leases stay held until then.
-        self.batched_acks = config.batch_size > 1
+        # Acks are written by the completer, a batch at a time; their leases stay held until then.
+        self.completer = completer
+        self._handed: Handover | None = None  # the last batch handed over, until it is written
 
     def run(self) -> None:
         stopping = self.lifecycle.stopping
@@ -94,6 +97,8 @@ class Consumer:
             while not stopping.is_set():
                 try:
                     claimed = self.claim()
+                    if not claimed and self.settle():
+                        continue  # acks were being written (a group's next message waits for them): claim again
                     if not claimed and self.nothing_left():
                         break
                 except DATABASE_TROUBLE as exc:
@@ -123,6 +128,7 @@ class Consumer:
         finally:
             try:
                 self.flush()
+                self.settle()
             finally:
                 connections.close_all()
 
@@ -180,9 +186,9 @@ class Consumer:
         """Run the (running) message's handler and write its outcome, or leave its ack to the batch."""
         started = time.monotonic()
         verdict = decide(message, worker=self.name, handler=self.config.handler)
-        if self.batched_acks and verdict.outcome == HandlerOutcome.ACKED and message.lease_token:
+        if verdict.outcome == HandlerOutcome.ACKED and message.lease_token:
             self.ledger.await_ack(self.slot, verdict)
-            outcome = "acked (written with its batch)"
+            outcome = HandlerOutcome.ACKED  # written by the completer with its batch; a lost lease is logged then
         else:  # a handler that released or failed its own message left no lease token: "lease lost" at once
             outcome = self.record(message, verdict)
             self.ledger.finish(self.slot, ok=outcome in (HandlerOutcome.ACKED, HandlerOutcome.DEFERRED))
@@ -258,54 +264,28 @@ class Consumer:
         return NOT_RECORDED
 
     def flush(self) -> None:
-        """Write the batch's waiting acks in one transaction, waiting out weather.
+        """Hand the batch's waiting acks to the completer, once the last batch handed over is written.
 
-        If the batch cannot be written together (a permanent error), each
-        ack is written alone, so one message that cannot be acked does not
-        hold back the others.
+        The completer writes them in one transaction while this thread
+        claims and runs the next batch (see :mod:`.completer` for what it does
+        when they cannot be written).
         """
+        self.settle()
         batch = self.ledger.unacked(self.slot)
         if not batch:
             return
-        messages = [message for message, _ in batch]
-        results = {message.pk: verdict.result for message, verdict in batch}
         try:
-            held = self.writer.until_written(
-                lambda: Message.objects.ack_many(messages, worker=self.name, results=results),
-                f"acknowledging {len(messages)} messages",
-            )
-        except GaveUp as exc:  # still in the ledger: the worker row stays, and the reaper gives them back
-            logger.warning("worker %s: acks of messages %s not written (%s)", self.name, [m.pk for m in messages], exc)
-            return
-        except Exception as exc:
-            logger.warning(
-                "worker %s: the acks of messages %s cannot be written together (%s: %s); writing them one by one",
-                self.name,
-                [m.pk for m in messages],
-                type(exc).__name__,
-                first_line(exc),
-            )
-            self.flush_one_by_one(batch)
-            return
-        self.ledger.acked(self.slot, held)
-        for (message, verdict), ok in zip(batch, held, strict=True):
-            verdict.written(HandlerOutcome.ACKED if ok else HandlerOutcome.LEASE_LOST)
-            if not ok:
-                logger.warning(
-                    "worker %s: message %s: lease lost before its outcome (acked) was written; it is not recorded",
-                    self.name,
-                    message.pk,
-                )
+            self._handed = self.completer.hand_over(self.slot, batch, self.record)
+        except CompleterGone as exc:  # still in the ledger: the worker row stays, and the reaper gives them back
+            logger.warning("worker %s: acks of messages %s not written (%s)", self.name, [m.pk for m, _ in batch], exc)
 
-    def flush_one_by_one(self, batch: list[tuple[Message, Verdict]]) -> None:
-        written: list[bool] = []
-        try:
-            for message, verdict in batch:
-                written.append(self.record(message, verdict) == HandlerOutcome.ACKED)
-        except GaveUp as exc:  # the rest stay in the ledger, as in flush()
-            logger.warning("worker %s: acks not written (%s)", self.name, exc)
-        finally:
-            self.ledger.acked(self.slot, written)
+    def settle(self) -> bool:
+        """Wait until the last batch handed over is written; whether there was one."""
+        handed, self._handed = self._handed, None
+        if handed is None:
+            return False
+        self.completer.wait(handed)
+        return True
 
     def _check_connection(self) -> None:
         """Keep one connection per thread for the worker's life; reopen it only when it broke.

@@ -1,7 +1,8 @@
 """The worker process: starts its threads, stops them, and says how it ended.
 
 One :class:`QueueWorker` is one ``runqueueworker`` process: ``concurrency``
-consumer threads (:mod:`.consumer`), a heartbeat (:mod:`.heartbeat`), a
+consumer threads (:mod:`.consumer`), a completer that writes their acks
+(:mod:`.completer`), a heartbeat (:mod:`.heartbeat`), a
 listener (:mod:`.listener`: NOTIFY on PostgreSQL, nudges elsewhere), with ``--reap`` a reaper
 (:meth:`django_dbqueue.reaper.Reaper.loop`). What they hold is in one
 :class:`~.ledger.Ledger`; the events they share and what a crash does are
@@ -34,6 +35,7 @@ from ..exceptions import InvalidOption
 from ..reaper import Reaper
 from ..schedules.scheduler import Scheduler
 from ..validation import validate_queues
+from .completer import Completer
 from .config import ExitStatus, WorkerConfig
 from .consumer import Consumer, PausedQueues
 from .heartbeat import Heartbeat
@@ -74,6 +76,7 @@ class QueueWorker:
             visibility_timeout=config.visibility_timeout,
             ledger=self.ledger,
         )
+        self.completer = Completer(name=self.name, using=self.using, ledger=self.ledger, lifecycle=self.lifecycle)
         self._signalled = False
         self._previous_handlers: dict[int, Any] = {}
 
@@ -98,6 +101,7 @@ class QueueWorker:
             ledger=self.ledger,
             lifecycle=self.lifecycle,
             paused=paused or PausedQueues(self.using),
+            completer=self.completer,
         )
 
     # --- lifecycle -----------------------------------------------------------
@@ -114,7 +118,8 @@ class QueueWorker:
         consumers = [
             life.thread(self.consumer(n, paused).run, f"dbqueue-consumer-{n}") for n in range(self.config.concurrency)
         ]
-        helpers = [life.thread(lambda: self.heartbeat.run(life.finished), "dbqueue-heartbeat")]
+        completer = life.thread(self.completer.run, "dbqueue-completer")
+        helpers = [completer, life.thread(lambda: self.heartbeat.run(life.finished), "dbqueue-heartbeat")]
         if listener.available():
             helpers.append(life.thread(lambda: listener.run(life.stopping, life.wake), "dbqueue-listener"))
         if self.config.reap:
@@ -138,6 +143,9 @@ class QueueWorker:
             if not any(t.is_alive() for t in consumers):
                 self.stop("all consumer threads finished")
         status = self._shutdown(consumers)
+        # The consumers that finished waited for their acks; a late one's are not taken (their leases expire),
+        # and what the completer still retries is given up with the rest (finished).
+        self.completer.close()
         life.finished.set()
         for thread in helpers:
             thread.join(timeout=5)

@@ -1,0 +1,193 @@
+"""Acknowledgements written beside the consumers, on one thread per worker.
+
+A consumer used to write the acks of its batch itself and only then claim
+the next batch: two transactions, one after the other. Handed to the
+completer, the acks are written while the consumer claims and runs the
+next batch, so the round trips of the two overlap (docs/benchmarks.md,
+"Completer"). Batches handed over while another is being written are
+written together next, in one transaction.
+
+What recording an outcome promises stays (docs/workers.md, "Recording an
+outcome"): each ack holds its lease guard, and a message counts as
+processed once its ack is written; weather is waited out; handovers that
+cannot be written together are written each alone, and a batch that
+cannot be written together is written one message at a time through its
+consumer's ``record``; a lost lease is logged once.
+
+Bounded: a consumer waits for its last handover to be written before it
+hands over the next one, so at most one batch per consumer waits here, and
+a consumer ends only once its last handover is written. If this thread
+ends without writing a handover, its consumer is told (:class:`CompleterGone`)
+instead of waiting for ever; the messages stay in the ledger and their
+leases expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.db import connections
+
+from ..models import Message
+from ..running import HandlerOutcome, Verdict
+from .ledger import Ledger
+from .lifecycle import Lifecycle
+from .writing import GaveUp, Writer, first_line
+
+logger = logging.getLogger("django_dbqueue")
+
+# The most messages written together in one transaction (whole handovers; at least one).
+MERGE_LIMIT = 1000
+# How often a consumer waiting for its handover checks that the completer thread still runs.
+CHECK_EVERY = 1.0
+
+Entry = tuple[Message, Verdict]
+
+
+class CompleterGone(Exception):
+    """The completer ended (crashed, or the worker is exiting) without writing a handover."""
+
+
+@dataclass(eq=False)
+class Handover:
+    """One consumer's batch of acks: ``record`` writes one outcome alone (its consumer's :meth:`record`)."""
+
+    slot: int
+    batch: list[Entry]
+    record: Callable[[Message, Verdict], str]
+    done: threading.Event = field(default_factory=threading.Event)
+    settled: bool = False  # written, or given up and logged: the completer is done with it
+
+
+class Completer:
+    """Writes handed-over acks on its own thread and connection; :meth:`run` is that thread's loop."""
+
+    def __init__(self, *, name: str, using: str, ledger: Ledger, lifecycle: Lifecycle) -> None:
+        self.name = name
+        self.using = using
+        self.ledger = ledger
+        self.writer = Writer(using, name, give_up=lifecycle.finished)
+        self._changed = threading.Condition()
+        self._waiting: list[Handover] = []
+        self._closed = False
+        self._ended = False
+
+    # --- consumers -----------------------------------------------------------------
+
+    def hand_over(self, slot: int, batch: list[Entry], record: Callable[[Message, Verdict], str]) -> Handover:
+        """Queue ``batch`` (the slot's unacked messages) to be acknowledged; wait for it with :meth:`wait`."""
+        handover = Handover(slot, batch, record)
+        with self._changed:
+            if self._closed or self._ended:
+                raise CompleterGone("the worker is exiting; these acks are not written and their leases will expire")
+            self._waiting.append(handover)
+            self._changed.notify()
+        return handover
+
+    def wait(self, handover: Handover) -> None:
+        """Until ``handover`` is written, or given up; raises :class:`CompleterGone` if it never will be."""
+        while not handover.done.wait(CHECK_EVERY):
+            with self._changed:
+                if self._ended and not handover.done.is_set():
+                    raise CompleterGone("the completer thread ended before writing these acks")
+        if not handover.settled:
+            raise CompleterGone("the completer thread ended before writing these acks")
+
+    # --- the completer's thread ----------------------------------------------------------
+
+    def close(self) -> None:
+        """No more handovers: :meth:`run` writes what waits, then returns."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+
+    def run(self) -> None:
+        taken: list[Handover] = []
+        try:
+            while True:
+                with self._changed:
+                    while not self._waiting and not self._closed:
+                        self._changed.wait()
+                    if not self._waiting:
+                        return
+                    taken = self._take()
+                self.write(taken)
+                taken = []
+        finally:
+            with self._changed:
+                self._ended = True
+                left, self._waiting = taken + self._waiting, []
+            for handover in left:
+                handover.done.set()  # not written: its consumer's wait() raises
+            connections.close_all()
+
+    def _take(self) -> list[Handover]:
+        """Whole handovers from the oldest, up to :data:`MERGE_LIMIT` messages (at least one)."""
+        taken, size = [], 0
+        while self._waiting and (not taken or size + len(self._waiting[0].batch) <= MERGE_LIMIT):
+            handover = self._waiting.pop(0)
+            taken.append(handover)
+            size += len(handover.batch)
+        return taken
+
+    def write(self, handovers: list[Handover]) -> None:
+        """Acknowledge ``handovers`` in one transaction; apart, when they cannot be written together."""
+        entries = [entry for handover in handovers for entry in handover.batch]
+        messages = [message for message, _ in entries]
+        results = {message.pk: verdict.result for message, verdict in entries}
+        try:
+            held = self.writer.until_written(
+                lambda: Message.objects.ack_many(messages, worker=self.name, results=results),
+                f"acknowledging {len(messages)} messages",
+            )
+        except GaveUp as exc:  # still in the ledger: the worker row stays, and the reaper gives them back
+            logger.warning("worker %s: acks of messages %s not written (%s)", self.name, [m.pk for m in messages], exc)
+            self._done(handovers)
+            return
+        except Exception as exc:
+            if len(handovers) > 1:  # one consumer's batch holds what cannot be stored: the others go through
+                for handover in handovers:
+                    self.write([handover])
+                return
+            logger.warning(
+                "worker %s: the acks of messages %s cannot be written together (%s: %s); writing them one by one",
+                self.name,
+                [m.pk for m in messages],
+                type(exc).__name__,
+                first_line(exc),
+            )
+            self._one_by_one(handovers[0])
+            return
+        start = 0
+        for handover in handovers:
+            part, start = held[start : start + len(handover.batch)], start + len(handover.batch)
+            self.ledger.acked(handover.slot, part)
+            for (message, verdict), ok in zip(handover.batch, part, strict=True):
+                verdict.written(HandlerOutcome.ACKED if ok else HandlerOutcome.LEASE_LOST)
+                if not ok:
+                    logger.warning(
+                        "worker %s: message %s: lease lost before its outcome (acked) was written; it is not recorded",
+                        self.name,
+                        message.pk,
+                    )
+        self._done(handovers)
+
+    def _one_by_one(self, handover: Handover) -> None:
+        written: list[bool] = []
+        try:
+            for message, verdict in handover.batch:
+                written.append(handover.record(message, verdict) == HandlerOutcome.ACKED)
+        except GaveUp as exc:  # the rest stay in the ledger, as above
+            logger.warning("worker %s: acks not written (%s)", self.name, exc)
+        finally:
+            self.ledger.acked(handover.slot, written)
+            self._done([handover])
+
+    @staticmethod
+    def _done(handovers: list[Handover]) -> None:
+        for handover in handovers:
+            handover.settled = True
+            handover.done.set()
