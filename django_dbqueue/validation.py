@@ -6,6 +6,7 @@ import json
 import math
 import re
 from datetime import datetime, timedelta
+from itertools import repeat
 from typing import Any, cast
 
 from django.utils import timezone
@@ -68,6 +69,8 @@ def validate_queues(queues: str | list[str] | tuple[str, ...]) -> list[str]:
 # larger than MAX_JSON_BYTES would be refused by MySQL's max_allowed_packet
 # (16 MiB by default) once a batch of them is inserted together.
 MAX_JSON_DEPTH = 24
+# One encoder for every check: json.dumps(allow_nan=False) builds a new one per call.
+_ENCODE = json.JSONEncoder(allow_nan=False).encode
 MAX_JSON_BYTES = 1_000_000
 # The longest delay anything accepts: ten years. A delay past year 9999
 # overflows every database's timestamp.
@@ -129,19 +132,26 @@ def _plain_json(value: Any) -> str | None:
     """``value``'s JSON text when it plainly passes :func:`json_problem`; None when only that walk can tell.
 
     The walk looks at every scalar in Python, and it was most of the cost
-    of building a message. Here ``json.dumps`` (in C) refuses what is not
+    of building a message. Here the JSON encoder (in C) refuses what is not
     JSON, NaN and infinities; its ASCII text shows any NUL (``\\u0000``)
     and any surrogate (``\\udXXX``, lone or in a pair: then the walk
-    decides); what is left to look at in Python is the containers, for
-    keys that are not strings (which dumps would turn into strings) and
-    for depth. None sends the caller to the walk, which names the problem.
+    decides). What is left is the containers: keys that are not strings
+    (which the encoder turns into strings) and depth. The text's brackets
+    bound the containers (a string's brackets only add to the count), so a
+    payload with no object and few lists, or one flat object, needs no walk
+    at all. None sends the caller to the walk, which names the problem.
     """
     try:
-        text = json.dumps(value, allow_nan=False)
+        text = _ENCODE(value)
     except (TypeError, ValueError, RecursionError):
         return None
     if "\\u0000" in text or "\\ud" in text:
         return None
+    objects = text.count("{")
+    if objects == 0 and text.count("[") <= MAX_JSON_DEPTH:
+        return text  # no keys to check, and too few containers to nest too deep
+    if objects == 1 and "[" not in text and isinstance(value, dict):
+        return text if all(map(isinstance, value, repeat(str))) else None  # one flat object: its keys
     stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list | tuple) else []
     while stack:
         item, depth = stack.pop()

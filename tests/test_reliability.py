@@ -88,6 +88,10 @@ EDGES = [
     [1, [2, (3, 4)], {"t": (5,)}],
     {"emoji": "😀", "é": "é"},  # a surrogate pair in the text: the walk decides, and takes it
     {"looks escaped": "\\u0000 and \\ud800"},  # backslashes, not a NUL or a surrogate
+    ["a", 1, None, 2.5],  # no object: no key to check
+    {"brackets": "a { [ b"},  # a string's brackets count as containers: the walk decides, and takes it
+    {"k": 1, 2: "second key an int"},
+    ["[" * 30],
     {"level": Level.HIGH, "big": 2**80, "f": -0.0, "none": None, "yes": True},
     {1: "int key"},
     {True: "bool key"},
