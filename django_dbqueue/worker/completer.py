@@ -126,7 +126,8 @@ class Completer:
 
     def _take(self) -> list[Handover]:
         """Whole handovers from the oldest, up to :data:`MERGE_LIMIT` messages (at least one)."""
-        taken, size = [], 0
+        taken: list[Handover] = []
+        size = 0
         while self._waiting and (not taken or size + len(self._waiting[0].batch) <= MERGE_LIMIT):
             handover = self._waiting.pop(0)
             taken.append(handover)
