@@ -1,10 +1,11 @@
 """The worker's completer: acks written beside the consumers, together when they wait, never waited for in vain.
 
 The worker runs in this process so that the model layer's writes can be
-held on cue: each test holds the first acknowledgement until the consumers
-have done what the completer is for (claimed again, handed over more), with
-a generous bound; without the completer the hold would run out and the test
-fail.
+held on cue. The first two tests hold the first acknowledgement until the
+consumers have done what the completer is for (claimed again, handed over
+more), with a generous bound: where a consumer waited for its own acks,
+the hold would run out and the first test fail; where the completer wrote
+each handover alone, the second. The third crashes the completer.
 """
 
 import logging
