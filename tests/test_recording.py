@@ -45,6 +45,30 @@ def fail_once(monkeypatch, method: str, error: Exception) -> dict:
     return counts
 
 
+def refuse(monkeypatch, pk: int, outcome: str | None = None) -> list:
+    """Make the writes of message ``pk`` fail with a DataError: ``ack_many`` of a batch that holds it,
+    and ``finish`` with ``outcome`` (any, if None). Returns the tries, in order: "batch", or the outcome."""
+    real_finish, real_ack_many = MessageQuerySet.finish, MessageQuerySet.ack_many
+    tries = []
+
+    def finish(self, message, finished, *args, **kwargs):
+        if message.pk == pk and outcome in (None, finished):
+            tries.append(finished)
+            raise DataError(REFUSAL)
+        return real_finish(self, message, finished, *args, **kwargs)
+
+    def ack_many(self, messages, **kwargs):
+        messages = list(messages)
+        if pk in {m.pk for m in messages}:
+            tries.append("batch")
+            raise DataError(REFUSAL)
+        return real_ack_many(self, messages, **kwargs)
+
+    monkeypatch.setattr(MessageQuerySet, "finish", finish)
+    monkeypatch.setattr(MessageQuerySet, "ack_many", ack_many)
+    return tries
+
+
 # --- weather ---------------------------------------------------------------------------
 
 
@@ -144,26 +168,9 @@ def test_in_a_batch_one_ack_that_cannot_be_stored_does_not_block_the_others(monk
     """ack_many failing for good used to hold back every ack of the batch; now they are written one by one."""
     sent = django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(5)])
     bad = sent[2]
-    real_finish, real_ack_many = MessageQuerySet.finish, MessageQuerySet.ack_many
-    refused = []
-
-    def finish(self, message, outcome, *args, **kwargs):
-        if message.pk == bad.pk and outcome == Outcome.ACKED:
-            refused.append(message.pk)
-            raise DataError(REFUSAL)
-        return real_finish(self, message, outcome, *args, **kwargs)
-
-    def ack_many(self, messages, **kwargs):
-        messages = list(messages)
-        if bad.pk in {m.pk for m in messages}:
-            refused.append("batch")
-            raise DataError(REFUSAL)
-        return real_ack_many(self, messages, **kwargs)
-
-    monkeypatch.setattr(MessageQuerySet, "finish", finish)
-    monkeypatch.setattr(MessageQuerySet, "ack_many", ack_many)
+    refused = refuse(monkeypatch, bad.pk, Outcome.ACKED)
     assert run(["w-ok"], batch_size=5) == ExitStatus.OK
-    assert refused == ["batch", bad.pk]  # each write tried once
+    assert refused == ["batch", Outcome.ACKED]  # each write tried once
     outcomes = dict(ArchivedMessage.objects.values_list("message_id", "outcome"))
     assert outcomes == {m.pk: Outcome.DEAD if m.pk == bad.pk else Outcome.ACKED for m in sent}
     assert not Message.objects.exists()
@@ -173,24 +180,7 @@ def test_in_a_batch_one_ack_that_cannot_be_stored_does_not_block_the_others(monk
 def test_when_nothing_can_be_stored_the_message_is_left_to_its_lease(monkeypatch, caplog):
     """Not even a bare dead letter can be written: the worker goes on, and the message's lease will expire."""
     stuck = django_dbqueue.enqueue("w-ok", {"n": 1})
-    real, real_ack_many = MessageQuerySet.finish, MessageQuerySet.ack_many
-    tries = []
-
-    def finish(self, message, outcome, *args, **kwargs):
-        if message.pk == stuck.pk:
-            tries.append(outcome)
-            raise DataError(REFUSAL)
-        return real(self, message, outcome, *args, **kwargs)
-
-    def ack_many(self, messages, **kwargs):
-        messages = list(messages)
-        if stuck.pk in {m.pk for m in messages}:
-            tries.append("batch")
-            raise DataError(REFUSAL)
-        return real_ack_many(self, messages, **kwargs)
-
-    monkeypatch.setattr(MessageQuerySet, "finish", finish)
-    monkeypatch.setattr(MessageQuerySet, "ack_many", ack_many)
+    tries = refuse(monkeypatch, stuck.pk)
     following = django_dbqueue.enqueue("w-ok", {"n": 2})
     assert run(["w-ok"]) == ExitStatus.OK
     # The batch's ack, its ack alone, the dead letter, the bare one: once each.
