@@ -383,6 +383,24 @@ def test_producers_of_one_fifo_group_take_turns_so_its_ids_come_in_commit_order(
         assert message.ack()
 
 
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="SQLite has one writer: producers need no turns")
+def test_one_insert_into_several_fifo_groups_locks_their_rows_in_one_statement():
+    """Messages of five groups in one insert (as publish and the outbox make): one locking read, not one per group."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_dbqueue.operations import build_message, enqueue_built
+
+    groups = [f"g{n}" for n in range(5)]
+    for name in groups:  # rows left by earlier messages of these groups
+        FlowGroup.objects.create(queue="fc-fifo", name=name)
+    pending = [build_message("fc-fifo", {"n": name}, {"group": name}) for name in groups]
+    with CaptureQueriesContext(connection) as captured:
+        made = enqueue_built(pending, "default")
+    assert sorted(m.group for m in made) == groups
+    locks = [q["sql"] for q in captured.captured_queries if "dbqueue_group" in q["sql"] and "FOR UPDATE" in q["sql"]]
+    assert len(locks) == 1, locks
+
+
 @pytest.mark.skipif("connection.vendor == 'sqlite'", reason="SQLite has one writer: a producer holds it all")
 def test_the_reaper_skips_a_group_whose_producer_holds_it_and_prunes_the_rest(unpurged_group_rows):
     """The held group looks empty (its message is not committed): waiting for it would stall the reaper."""

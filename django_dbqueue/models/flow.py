@@ -175,7 +175,8 @@ def take_turns(using: str, queue: str, groups: set[str]) -> None:
     names = sorted(groups)
     for start in range(0, len(names), 500):
         chunk = names[start : start + 500]
-        missing = [g for g in chunk if g not in _locked_groups(using, queue, chunk, lock="wait")]
+        locked = _locked_groups(using, queue, chunk, lock="wait")
+        missing = [g for g in chunk if g not in locked]
         if missing:
             _insert_groups(using, queue, missing)
             _locked_groups(using, queue, missing, lock="wait")  # those another producer inserted first
