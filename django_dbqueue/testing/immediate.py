@@ -40,7 +40,7 @@ def _pending() -> list[tuple[str, str]]:
 
 def on_enqueued(sender: Any, queue: str, using: str, **kwargs: Any) -> None:
     """Run the queue's ready messages, unless this thread is running some already (then after them)."""
-    from .tools import run_ready
+    from .draining import run_ready  # needs the models: imported once Django is set up
 
     pending = _pending()
     if (queue, using) not in pending:

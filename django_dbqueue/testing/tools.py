@@ -6,7 +6,6 @@ test wrote inside its transaction, as a worker process could not.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -15,16 +14,10 @@ from typing import Any
 
 from ..conf import database_for
 from ..models import ArchivedMessage, Message, timetravel
-from ..running import process
 from ..validation import seconds as to_seconds
 from . import immediate as immediate_mode
-
-#: What the test's runs record as the worker that finished a message.
-TEST_WORKER = f"tests:{os.getpid()}"
-
-
-class QueueStillBusy(AssertionError):
-    """``run_until_empty`` ran its maximum of messages and some were still ready."""
+from .draining import QueueStillBusy as QueueStillBusy
+from .draining import run_ready
 
 
 def contains(value: Any, part: Any) -> bool:
@@ -173,29 +166,3 @@ class QueueTestMixin(QueueTestTools):
 def _alias(queues: Iterable[str] | None, using: str) -> str:
     names = list(queues) if queues is not None else []
     return database_for(names) if names else using
-
-
-def run_ready(queues: str | Iterable[str] | None, *, max_runs: int = 1000, using: str | None = None) -> Counter[str]:
-    """:meth:`QueueTestTools.run_until_empty`, for the immediate mode too."""
-    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
-        raise ValueError(f"max_runs must be a positive integer, not {max_runs!r}")
-    fixed = None if queues is None else ([queues] if isinstance(queues, str) else list(queues))
-    outcomes: Counter[str] = Counter()
-    runs = 0
-    while True:
-        # Every queue (queues=None) includes those the handlers' messages start.
-        names = fixed if fixed is not None else sorted(Message.objects.using(using or "default").queue_names())
-        if not names:
-            return outcomes
-        alias = using or database_for(names)
-        claimed = Message.objects.using(alias).claim(names, worker=TEST_WORKER)
-        if not claimed:
-            return outcomes
-        if runs >= max_runs:
-            claimed[0].release()
-            raise QueueStillBusy(
-                f"still messages ready in {', '.join(names)} after {runs} runs (max_runs): "
-                "does a handler enqueue or defer for ever?"
-            )
-        runs += 1
-        outcomes[process(claimed[0], worker=TEST_WORKER)] += 1

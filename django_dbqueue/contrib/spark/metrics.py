@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ...models import Outcome
-from .source import Frames, Window
+from .source import Frames, Window, in_window
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -42,16 +42,6 @@ def _hour(column: str) -> Column:
     from pyspark.sql import functions as F
 
     return (F.floor(F.col(column) / 3600) * 3600).cast("long")
-
-
-def in_window(column: str, window: Window) -> Column:
-    """``column`` (seconds since the epoch) in one of the window's ranges."""
-    from pyspark.sql import functions as F
-
-    condition = F.lit(False)
-    for since, until in window.ranges():
-        condition = condition | ((F.col(column) >= since.timestamp()) & (F.col(column) < until.timestamp()))
-    return condition
 
 
 def error_type(column: str = "last_error") -> Column:

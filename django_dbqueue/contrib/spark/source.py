@@ -85,6 +85,16 @@ class Window:
         return reduce(operator.or_, conditions)
 
 
+def in_window(column: str, window: Window) -> Column:
+    """``column`` (seconds since the epoch) in one of the window's ranges."""
+    from pyspark.sql import functions as F
+
+    condition = F.lit(False)
+    for since, until in window.ranges():
+        condition = condition | ((F.col(column) >= since.timestamp()) & (F.col(column) < until.timestamp()))
+    return condition
+
+
 @dataclass(frozen=True)
 class Frames:
     archive: DataFrame
@@ -108,10 +118,10 @@ class JdbcSource:
         partitions = self.partitions or spark.sparkContext.defaultParallelism
         # finished_at >= since (less the clock skew) holds for every row of the window, and lets the
         # database read the finished_at index from there instead of the whole archive.
-        in_window = Q(finished_at__gte=window.since - CLOCK_SKEW) & (window.q("finished_at") | window.q("created_at"))
+        touched = Q(finished_at__gte=window.since - CLOCK_SKEW) & (window.q("finished_at") | window.q("created_at"))
         archive_bounds = (
             ArchivedMessage.objects.using(self.using)
-            .filter(in_window)
+            .filter(touched)
             .aggregate(lo=Min("id"), hi=Max("id"), n=Count("id"))
         )
         live_bounds = (
@@ -198,7 +208,6 @@ class ParquetSource:
             raise MissingExport(
                 f"{' and '.join(missing)} not found; write them with manage.py exportarchive --out {self.directory}"
             )
-        from .metrics import in_window
 
         def seconds(column: str) -> Column:
             return F.unix_micros(F.col(column)) / F.lit(1_000_000.0)
