@@ -51,7 +51,7 @@ CANCEL_ROUNDS = 3
 
 
 class CancelResult(enum.StrEnum):
-    """What :func:`cancel` did. Truthy when it archived or flagged the message, falsy when it was gone."""
+    """What `cancel` did. Truthy when it archived or flagged the message, falsy when it was gone."""
 
     ARCHIVED = "archived"  # it was not running: archived as cancelled at once
     REQUESTED = "requested"  # it runs: flagged, its worker stops it and archives it as cancelled

@@ -1,4 +1,4 @@
-"""Deprecated: renamed :mod:`django_dbqueue.running`, where ``Outcome`` is ``HandlerOutcome``.
+"""Deprecated: renamed `django_dbqueue.running`, where ``Outcome`` is ``HandlerOutcome``.
 
 Kept so existing imports go on working; importing it warns once.
 """

@@ -1,6 +1,6 @@
 """Exec mode: each message runs an outside command, so consumers can be in any language.
 
-The command line is split with :func:`shlex.split` and run without a shell;
+The command line is split with `shlex.split` and run without a shell;
 message data never enters it. The payload arrives as JSON on stdin, the
 rest in environment variables. Exit status 0 acks; anything else fails the
 attempt with the tail of stderr as the error (retried with backoff, dead

@@ -1,6 +1,6 @@
 """The public queue operations: enqueue, claim, acknowledge, fail, and the rest.
 
-A thin facade over the model layer (:mod:`django_dbqueue.models`), which
+A thin facade over the model layer (`django_dbqueue.models`), which
 owns every statement and its rules: input checks that refuse bad values
 before anything is written, the lease guard, the database clock, bounded
 retries of the database's weather, and the lifecycle signals. These
@@ -59,7 +59,7 @@ def enqueue(queue: str, payload: Any, **options: Any) -> Message:
 def enqueue_many(queue: str, payloads: Iterable[Any], **options: Any) -> list[Message]:
     """Add many messages to ``queue`` in multi-row inserts, all in one transaction.
 
-    Takes the options of :func:`enqueue`, the same for every message. Keyed
+    Takes the options of `enqueue`, the same for every message. Keyed
     messages whose key is live already are not inserted; the live message is
     returned in their place. On MySQL (not MariaDB) the ids of new messages
     are not returned by the database and stay ``None``.
@@ -68,7 +68,7 @@ def enqueue_many(queue: str, payloads: Iterable[Any], **options: Any) -> list[Me
 
 
 def enqueue_built(pending: list[tuple[Message, float | None]], using: str) -> list[Message]:
-    """Insert messages made by :func:`build_message` (with their delays) and announce them.
+    """Insert messages made by `build_message` (with their delays) and announce them.
 
     The one path from built messages to rows and ``message_enqueued``:
     ``enqueue_many``, ``publish`` and the outbox all take it.
@@ -108,7 +108,7 @@ def ack_many(
 ) -> list[bool]:
     """Acknowledge a batch in one transaction per database; returns, per message, whether its lease held.
 
-    A lease that ran out is refused, exactly as by :func:`ack`. ``results``
+    A lease that ran out is refused, exactly as by `ack`. ``results``
     maps message ids to their handlers' return values, kept in the archive.
     """
     return Message.objects.ack_many(messages, worker=worker, results=results)
@@ -136,7 +136,7 @@ def snooze(message: Message, *, until: datetime | None = None, delay: float | ti
 
 
 def defer(message: Message, *, until: datetime | None = None, delay: float | timedelta | None = None) -> bool:
-    """Deprecated alias of :func:`snooze`."""
+    """Deprecated alias of `snooze`."""
     warnings.warn("operations.defer() is deprecated; use snooze()", DeprecationWarning, stacklevel=2)
     return message.snooze(until, delay=delay)
 

@@ -10,7 +10,7 @@ still leaves no message, but a crash between that commit and the insert
 loses the message (see docs/transactional-enqueue.md).
 
 ``bulk_create()`` and ``QuerySet.update()`` send no ``post_save``;
-:func:`enqueue_saved` applies the rules to such rows explicitly.
+`enqueue_saved` applies the rules to such rows explicitly.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def enqueue_on_save(
     """Enqueue a message on ``queue`` each time an instance of ``model`` is saved.
 
     ``payload``, ``kind``, ``key`` and the other options of
-    :func:`~django_dbqueue.enqueue` are values or callables taking the
+    `enqueue` are values or callables taking the
     instance. ``when`` filters: ``"created"``, ``"updated"`` or a callable
     ``when(instance, created)``. Registering the same model, queue and
     ``name`` again replaces the rule. Returns the rule (``.disconnect()``).
@@ -210,7 +210,7 @@ def enqueue_on_delete(
 ) -> OutboxRule:
     """Enqueue a message on ``queue`` each time an instance of ``model`` is deleted.
 
-    Like :func:`enqueue_on_save`; ``when(instance)`` takes the instance only.
+    Like `enqueue_on_save`; ``when(instance)`` takes the instance only.
     Deletes always run in a transaction, so the message commits or rolls
     back with the delete.
     """
@@ -230,7 +230,7 @@ def publish_on_save(
     name: str = "",
     **options: Value,
 ) -> OutboxRule:
-    """Like :func:`enqueue_on_save`, but publish to ``topic``: a copy in each subscribed queue."""
+    """Like `enqueue_on_save`, but publish to ``topic``: a copy in each subscribed queue."""
     return _register(
         model, "save", topic=topic, payload=payload, kind=kind, key=key, when=when, name=name, options=options
     )
@@ -247,7 +247,7 @@ def publish_on_delete(
     name: str = "",
     **options: Value,
 ) -> OutboxRule:
-    """Like :func:`enqueue_on_delete`, but publish to ``topic``."""
+    """Like `enqueue_on_delete`, but publish to ``topic``."""
     return _register(
         model, "delete", topic=topic, payload=payload, kind=kind, key=key, when=when, name=name, options=options
     )

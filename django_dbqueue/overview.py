@@ -1,6 +1,6 @@
 """The queues at a glance: what the admin's overview page and ``manage.py queuestats`` show.
 
-One :func:`build_overview` call reads every figure (a handful of grouped
+One `build_overview` call reads every figure (a handful of grouped
 queries, times by the database's clock); the page and the command only
 format it.
 """

@@ -1,6 +1,6 @@
 """Progress of long-running work: a bar on a terminal, periodic lines in a log, nothing when asked for quiet.
 
-:func:`progress_for` picks the reporter from where the output goes and the
+`progress_for` picks the reporter from where the output goes and the
 command's verbosity:
 
 - ``-v0``: nothing, ever;
@@ -69,7 +69,7 @@ class Progress:
 
     ``tty``: redraw one line in place (a terminal), or write whole lines at
     most every ``every`` seconds (a log). ``clock`` is injectable so tests
-    can step time. Use :func:`progress_for` rather than building one.
+    can step time. Use `progress_for` rather than building one.
     """
 
     active = True  # False for the null reporter: callers skip work done only to report (counting a total)

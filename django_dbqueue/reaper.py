@@ -18,7 +18,7 @@ Each pass, under a database lock so that only one reaper acts at a time:
    is analysed when much of it changed, so the claim keeps walking its
    index (see ``db.stats``).
 
-:meth:`Reaper.loop` runs a pass every ``REAP_INTERVAL`` seconds for both
+`Reaper.loop` runs a pass every ``REAP_INTERVAL`` seconds for both
 ``reapqueue --loop`` and ``runqueueworker --reap``.
 """
 

@@ -1,8 +1,8 @@
 """Request/reply over the queue: ask a handler in another process and wait for its answer.
 
-:func:`request` enqueues the request with a correlation id and the name of
+`request` enqueues the request with a correlation id and the name of
 a temporary reply queue (``reply.<correlation id>``) in its headers, then
-polls that queue. The handler answers with :func:`reply`. Both messages
+polls that queue. The handler answers with `reply`. Both messages
 expire at the request's deadline, so nothing waits for an answer nobody
 wants: a request still queued at its deadline is never claimed, and the
 reaper archives late replies as expired. On a timeout the requester also
@@ -47,8 +47,8 @@ def request(
 ) -> Any:
     """Enqueue ``payload`` on ``queue`` and wait up to ``timeout`` for the handler's reply payload.
 
-    Raises :class:`RequestTimeout` when no reply came in time, and
-    :class:`RequestFailed` as soon as the request is dead-lettered (or
+    Raises `RequestTimeout` when no reply came in time, and
+    `RequestFailed` as soon as the request is dead-lettered (or
     cancelled, or expired) without one. Must not run inside
     ``transaction.atomic()``: the request would stay invisible to workers
     until the caller commits.
@@ -113,7 +113,7 @@ def _failed(sent: Message, using: str) -> ArchivedMessage | None:
 
 
 def reply(message: Message, payload: Any, *, headers: dict[str, Any] | None = None) -> Message:
-    """Answer a message sent with :func:`request`; call it from the handler.
+    """Answer a message sent with `request`; call it from the handler.
 
     The reply goes to the requester's reply queue, keyed by the correlation
     id (a handler that runs twice answers once while the first answer is

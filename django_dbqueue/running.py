@@ -42,7 +42,7 @@ logger = logging.getLogger("django_dbqueue")
 class HandlerOutcome:
     """What running a message's handler came to, as ``process()`` returns it and the worker logs it.
 
-    Not the archive's :class:`~django_dbqueue.models.Outcome` (acked, dead,
+    Not the archive's `Outcome` (acked, dead,
     expired...): a handler's ``Retry`` is ``"retried"`` here and stays live.
     """
 

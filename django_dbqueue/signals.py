@@ -8,7 +8,7 @@ Connect receivers the usual Django way::
     @receiver(message_dead_lettered)
     def page_someone(sender, message, archived, error, **kwargs): ...
 
-Every signal is sent with ``sender`` = :class:`~django_dbqueue.models.Message`
+Every signal is sent with ``sender`` = `Message`
 and the keyword arguments ``message``, ``queue`` and ``using`` (the database
 alias), plus the ones listed beside each signal below.
 
@@ -20,7 +20,7 @@ raises is logged (logger ``django_dbqueue``) and does not stop the other
 receivers nor the operation, which has committed already.
 
 With no receiver connected, the cost on the claim and ack paths is one
-attribute test (see :func:`django_dbqueue.models.events.listened`).
+attribute test (see `django_dbqueue.models.events.listened`).
 """
 
 from __future__ import annotations

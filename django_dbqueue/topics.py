@@ -86,7 +86,7 @@ def build_copies(
 def publish(topic: str, payload: Any, **options: Any) -> list[Message]:
     """Write one copy of the message to every queue subscribed to ``topic``, in one transaction.
 
-    Takes the options of :func:`~django_dbqueue.enqueue`; each copy's headers
+    Takes the options of `enqueue`; each copy's headers
     gain ``"topic": topic``. Returns the copies (a copy whose key was live in
     its queue is that live message); ``[]`` when nobody subscribes.
     """

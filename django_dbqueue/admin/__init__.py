@@ -1,6 +1,6 @@
 """The operators' admin: live messages, the archive, dead letters, the queues' overview, subscriptions.
 
-Every action calls :mod:`django_dbqueue.control` (never writes fields
+Every action calls `django_dbqueue.control` (never writes fields
 itself), is a POST through the admin's CSRF-protected views, and needs its
 own permission: ``cancel_message`` (cancel, run now, release),
 ``replay_archivedmessage`` (replay, edit and replay), ``pause_queue``
@@ -9,11 +9,11 @@ view permission. Payloads and errors are escaped wherever they are shown.
 
 Importing this package (Django's admin autodiscovery does) registers:
 
-- ``messages``: live messages (:class:`MessageAdmin`);
-- ``archive``: the archive and its dead letters (:class:`ArchiveAdmin`, :class:`DeadLetterAdmin`);
-- ``overview``: the Queues page with pause and resume (:class:`QueueOverviewAdmin`);
+- ``messages``: live messages (`MessageAdmin`);
+- ``archive``: the archive and its dead letters (`ArchiveAdmin`, `DeadLetterAdmin`);
+- ``overview``: the Queues page with pause and resume (`QueueOverviewAdmin`);
 - ``subscriptions`` and ``stats``: topic subscriptions, the analytics' hourly figures;
-- ``schedules``: the schedules, with enable/disable and run now (:class:`ScheduleAdmin`, docs/schedules.md).
+- ``schedules``: the schedules, with enable/disable and run now (`ScheduleAdmin`, docs/schedules.md).
 
 ``base`` holds what they share, ``filters`` their list filters, ``charts`` the overview's SVG.
 """

@@ -1,6 +1,6 @@
 """What the queue admins share: no edit forms, operators' permissions, escaped display, bounded actions.
 
-Rows of the queue's tables change only through :mod:`django_dbqueue.control`
+Rows of the queue's tables change only through `django_dbqueue.control`
 (one short transaction per row, nothing changed when its precondition
 fails): the admins here read through querysets and write through those
 controls, never by saving a form or updating a queryset.
@@ -263,7 +263,7 @@ class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, ModelAdmin[Row], Gene
         """Run ``operation`` on each selected row (at most ``action_limit``); tell the user what happened.
 
         ``operation`` returns something falsy for a row it left unchanged (listed by id
-        under ``skipped``) and raises :class:`DbQueueError` to refuse one
+        under ``skipped``) and raises `DbQueueError` to refuse one
         (its reason shown). Returns the other rows' results.
         """
         results: list[R] = []

@@ -1,4 +1,4 @@
-"""Deprecated: the queue analytics moved to the app :mod:`django_dbqueue.contrib.spark`.
+"""Deprecated: the queue analytics moved to the app `django_dbqueue.contrib.spark`.
 
 Its names still resolve from here, with a ``DeprecationWarning``; add
 ``"django_dbqueue.contrib.spark"`` to ``INSTALLED_APPS`` and import from there

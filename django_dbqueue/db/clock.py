@@ -77,7 +77,7 @@ _NOW_SQL: dict[str, str] = {}
 def now_plus_seconds(using: str) -> str:
     """The database clock plus ``%s`` seconds (a parameter), for a statement written once and run with many values.
 
-    Only the statements that exist where :func:`~django_dbqueue.db.capabilities.writable_ctes` holds use it.
+    Only the statements that exist where `writable_ctes` holds use it.
     """
     connection = connections[using]
     if connection.vendor != "postgresql":
@@ -96,7 +96,7 @@ def db_now(using: str) -> datetime:
 
 
 def aware_clock(raw: datetime | str) -> datetime:
-    """A reading of the database's clock (``SELECT`` of :class:`DbNow`) as an aware UTC datetime."""
+    """A reading of the database's clock (``SELECT`` of `DbNow`) as an aware UTC datetime."""
     # SQLite answers with text; MySQL with a naive datetime in UTC.
     value = raw if isinstance(raw, datetime) else parse_datetime(raw)
     if value is None:

@@ -2,7 +2,7 @@
 
 MySQL may pick any transaction as a deadlock victim, and a database restart
 drops every connection. Neither is a bug in the caller, so queue statements
-run through :func:`with_retries`, which retries them a bounded number of
+run through `with_retries`, which retries them a bounded number of
 times with jittered backoff. Inside a caller's own transaction nothing is
 retried: the caller's work is gone with the error and only the caller can
 redo it.

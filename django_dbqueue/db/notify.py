@@ -6,9 +6,9 @@ statement and queue, delivered at commit, so a worker never wakes for a
 message it cannot see yet. Plain-SQL producers trigger it too.
 
 MySQL/MariaDB and SQLite have no such thing. There each worker binds a UDP
-socket (:class:`NudgeReceiver`) and writes its address in its worker row;
+socket (`NudgeReceiver`) and writes its address in its worker row;
 after an enqueue commits, the producer sends the queue's name to the
-workers of that queue (:func:`nudge`). Datagrams can be lost, and
+workers of that queue (`nudge`). Datagrams can be lost, and
 plain-SQL producers send none: it only shortens the wait, workers still
 poll, and nothing depends on a nudge arriving.
 """

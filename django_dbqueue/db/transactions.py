@@ -57,7 +57,7 @@ def write_transaction(using: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def short_transaction(using: str) -> Iterator[None]:
-    """:func:`write_transaction` in the fewest round trips, for the worker's claim and acknowledgement.
+    """`write_transaction` in the fewest round trips, for the worker's claim and acknowledgement.
 
     Django's ``atomic()`` turns autocommit off before a transaction and on
     again after it; on MySQL and MariaDB each switch is a statement the
@@ -67,7 +67,7 @@ def short_transaction(using: str) -> Iterator[None]:
     ... ``COMMIT`` instead. Whatever goes wrong is rolled back; a connection
     whose state is then unknown is closed, never reused mid-transaction.
     Elsewhere (PostgreSQL, SQLite, inside ``atomic()``) this is
-    :func:`write_transaction`. Nothing inside may rely on ``on_commit``.
+    `write_transaction`. Nothing inside may rely on ``on_commit``.
     """
     connection = connections[using]
     if connection.vendor != "mysql" or connection.in_atomic_block or not connection.get_autocommit():

@@ -1,4 +1,4 @@
-"""A command's progress reporter, from its ``stdout`` and ``--verbosity`` (see :mod:`django_dbqueue.progress`)."""
+"""A command's progress reporter, from its ``stdout`` and ``--verbosity`` (see `django_dbqueue.progress`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Prometheus metrics (the extra ``metrics``: prometheus_client). See docs/metrics.md.
 
-- :func:`view`: the exposition, to mount in urls.py;
+- `view`: the exposition, to mount in urls.py;
 - ``manage.py queuemetrics --port``: the same on a port of its own, for workers;
-- :func:`enable`: count what this process does (``DBQUEUE["METRICS"] = True``
+- `enable`: count what this process does (``DBQUEUE["METRICS"] = True``
   calls it when the app starts).
 
 Nothing here imports prometheus_client until it is used, so the package

@@ -51,7 +51,7 @@ class ArchivedMessageQuerySet(models.QuerySet[Row]):
         return self.filter(outcome=Outcome.CANCELLED)
 
     def prunable(self, match: Q, before: datetime) -> Self:
-        """The rows :meth:`prune` deletes (counted for a progress bar's total)."""
+        """The rows `prune` deletes (counted for a progress bar's total)."""
         return self.filter(match, finished_at__lt=before)
 
     def prune(

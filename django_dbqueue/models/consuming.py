@@ -44,7 +44,7 @@ def backoff_delay(message: Message) -> float:
 
 
 class ConsumerActions:
-    """Mixed into :class:`~django_dbqueue.models.Message`: the lease holder's operations."""
+    """Mixed into `Message`: the lease holder's operations."""
 
     # Each method's ``self`` is a Message; mypy reports a self type narrower
     # than the mixin as [misc], hence the ignores on the signatures.

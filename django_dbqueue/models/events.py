@@ -1,4 +1,4 @@
-"""Sending the lifecycle signals (defined in :mod:`django_dbqueue.signals`) once a change is durable.
+"""Sending the lifecycle signals (defined in `django_dbqueue.signals`) once a change is durable.
 
 Every statement that moves a message announces it through here, so the
 rule "after commit, never for a rollback, free when nobody listens" is

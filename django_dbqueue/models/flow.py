@@ -4,15 +4,15 @@ Every rule is decided by the database, never by a read followed by a
 write that another process could slip between:
 
 - a group's concurrency limit: a claim locks the group's row in
-  :class:`FlowGroup` (``SKIP LOCKED``), then counts the group's messages
+  `FlowGroup` (``SKIP LOCKED``), then counts the group's messages
   in flight with a fresh read; two claims of one group cannot both count;
 - a FIFO group: only a group's oldest live message is claimable, and the
   claim locks that row itself; producers of one group take turns on the
   group's row, so its ids are handed out in commit order;
 - a rate limit: each allowed claim takes one of ``count`` rows of
-  :class:`RateSlot` that was last used a period ago or more, and stamps it
+  `RateSlot` that was last used a period ago or more, and stamps it
   with the claim's time; so no period holds more claims than there are slots;
-- a unique window: :class:`UniqueWindow` has one row per key, inserted if
+- a unique window: `UniqueWindow` has one row per key, inserted if
   absent or taken over by a locked update once its window has passed.
 
 The state of a group (how many run) is never stored: it is counted from
@@ -150,7 +150,7 @@ def note_window_owner(using: str, queue: str, key: str, message_id: int) -> None
 
 
 def takes_turns(using: str, queue: str) -> bool:
-    """Whether producers of a group of ``queue`` take turns (:func:`take_turns`): ordered queues, not on SQLite."""
+    """Whether producers of a group of ``queue`` take turns (`take_turns`): ordered queues, not on SQLite."""
     return queue_options(queue).ordered and not writes_one_at_a_time(using)
 
 
@@ -387,7 +387,7 @@ def lock_groups(using: str, queue: str, groups: list[str]) -> set[str]:
     """Lock the rows of ``groups`` (created where missing), skipping those another claim holds; the ones locked.
 
     Hand-written, not the ORM: it runs in the claim's short transaction,
-    which on MySQL is not one of Django's (:func:`.short_transaction`).
+    which on MySQL is not one of Django's (`short_transaction`).
     """
     if not groups:
         return set()

@@ -60,7 +60,7 @@ class MessageState(models.TextChoices):
 
 
 class StateAnnotations(TypedDict):
-    """What :meth:`MessageQuerySet.with_state` annotates: the row's state, and the database's time (for ages)."""
+    """What `MessageQuerySet.with_state` annotates: the row's state, and the database's time (for ages)."""
 
     current_state: str
     db_now: datetime
@@ -243,7 +243,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
         return None if oldest is None else max(db_now(self.db) - oldest, timedelta(0))
 
     def leased(self, message: Message) -> MessageQuerySet:
-        """The queryset that matches ``message`` only while its holder's lease holds (:func:`lease_held`)."""
+        """The queryset that matches ``message`` only while its holder's lease holds (`lease_held`)."""
         return self.filter(lease_held(held_token(message), [message.pk]))
 
     def give_back(self, *, count_attempt: bool) -> int:
@@ -281,7 +281,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
     # --- producing ---------------------------------------------------------------
 
     def enqueue(self, queue: str, payload: Any, **options: Any) -> Message:
-        """Validate, insert and announce one message; see :func:`django_dbqueue.enqueue`."""
+        """Validate, insert and announce one message; see `django_dbqueue.enqueue`."""
         message, delay = build_message(queue, payload, options)
         using = database_for(queue, options.get("using") or (self.db if self.chosen_db() else None))
         self.insert_into(using, message, delay)
@@ -289,7 +289,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
         return message
 
     def enqueue_many(self, queue: str, payloads: Iterable[Any], **options: Any) -> list[Message]:
-        """Validate, insert and announce many messages in one transaction; see :func:`django_dbqueue.enqueue_many`."""
+        """Validate, insert and announce many messages in one transaction; see `django_dbqueue.enqueue_many`."""
         options = dict(options)
         queue = validation.validate_queue_name(queue)
         using = database_for(queue, options.get("using") or (self.db if self.chosen_db() else None))
@@ -321,7 +321,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
         return result
 
     def insert(self, message: Message, delay: float | None) -> Message:
-        """Insert one built, validated message (its times from the database clock): see :meth:`insert_into`."""
+        """Insert one built, validated message (its times from the database clock): see `insert_into`."""
         return self.insert_into(self.db, message, delay)
 
     def insert_into(self, using: str, message: Message, delay: float | None) -> Message:
@@ -409,7 +409,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
         loses that race replaces the winner's payload on its next turn. A key
         whose message is running or retrying is left alone: ``message``
         becomes that one (``was_created`` False). ``now``: the database's
-        time as :meth:`insert` has it (an expression where the INSERT returns
+        time as `insert` has it (an expression where the INSERT returns
         what it computed, else a reading).
         """
         mine = {f: getattr(message, f) for f in DEBOUNCED}
@@ -539,7 +539,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
 
         ``SELECT ... FOR UPDATE SKIP LOCKED`` walking the claim index, then one
         UPDATE per lease length; retried on the database's weather. See
-        :func:`django_dbqueue.claim`. The list is a :class:`Claimed`: its
+        `django_dbqueue.claim`. The list is a `Claimed`: its
         ``retry_in`` says when a rate limit that held messages back lets more through.
         """
         names = validation.validate_queues(queues if isinstance(queues, str) else list(queues))
@@ -558,7 +558,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
         return claimed
 
     def _claim(self, queues: list[str], limit: int, timeout: float | None, worker: str) -> Claimed:
-        """One transaction (on PostgreSQL one statement per queue): see :func:`.statements.claim_rows`."""
+        """One transaction (on PostgreSQL one statement per queue): see `statements.claim_rows`."""
         claimed = Claimed()
         token = uuid.uuid4().hex
         controlled = any(queue_options(name).flow_controlled for name in queues)
@@ -671,9 +671,9 @@ class MessageQuerySet(models.QuerySet["Message"]):
         return done, (archived[0] if archived and done else None)
 
     def _finish_quietly(self, message: Message, outcome: str, row: Mapping[str, Any]) -> bool:
-        """:meth:`finish` under the lease with nobody listening: hand-written, no archive row object built.
+        """`finish` under the lease with nobody listening: hand-written, no archive row object built.
 
-        The row written is the one :meth:`ArchivedMessage.from_live` makes.
+        The row written is the one `ArchivedMessage.from_live` makes.
         """
         using = message._state.db or "default"
         held_token(message)
@@ -941,7 +941,7 @@ class Message(ConsumerActions, HandlerReports, models.Model):
         return copy
 
     def keep_payload_json(self, text: str) -> None:
-        """Keep the payload's JSON text that validation made, for the INSERT (see :meth:`payload_json`)."""
+        """Keep the payload's JSON text that validation made, for the INSERT (see `payload_json`)."""
         self._dbqueue_payload_json = (self.payload, text)
 
     def payload_json(self) -> str:
@@ -963,7 +963,7 @@ class Message(ConsumerActions, HandlerReports, models.Model):
     def attempts_left(self) -> bool:
         """Whether another attempt is allowed after this one.
 
-        The one rule for "attempts used up", in Python; :func:`exhausted` is
+        The one rule for "attempts used up", in Python; `exhausted` is
         the same rule in SQL, for the claim and the reaper.
         """
         return self.attempts < self.max_attempts_allowed()
@@ -976,6 +976,6 @@ class Message(ConsumerActions, HandlerReports, models.Model):
         return f"deferred {self.deferrals} times; the queue's MAX_DEFERRALS is {cap}"
 
     def defer(self, until: datetime | None = None, *, delay: float | timedelta | None = None) -> bool:
-        """Deprecated alias of :meth:`snooze` (``defer`` is also the name of Django's ``QuerySet.defer``)."""
+        """Deprecated alias of `snooze` (``defer`` is also the name of Django's ``QuerySet.defer``)."""
         warnings.warn("Message.defer() is deprecated; use Message.snooze()", DeprecationWarning, stacklevel=2)
         return self.snooze(until, delay=delay)

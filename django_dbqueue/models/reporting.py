@@ -1,7 +1,7 @@
 """What a running handler tells the queue, and hears from it: progress, metadata, a cancel request.
 
-A handler calls :meth:`~HandlerReports.set_progress`,
-:meth:`~HandlerReports.update_meta` and :meth:`~HandlerReports.checkpoint`
+A handler calls `set_progress`,
+`update_meta` and `checkpoint`
 as often as it likes: none of them touches the database. The worker's
 heartbeat writes what changed since its last beat (at most one statement
 per message per beat) and reads which of its messages an operator asked to
@@ -40,7 +40,7 @@ def progress_value(done: Any, total: Any = None, note: Any = "") -> dict[str, An
 
 
 class HandlerReports:
-    """Mixed into :class:`~django_dbqueue.models.Message`: what its handler reports while it runs."""
+    """Mixed into `Message`: what its handler reports while it runs."""
 
     # The columns written (Message's JSON fields), declared for the type checker.
     progress: Any
@@ -60,14 +60,14 @@ class HandlerReports:
         self._dbqueue_cancel = True
 
     def checkpoint(self: Message) -> None:  # type: ignore[misc]
-        """Raise :class:`~django_dbqueue.Cancelled` if cancel was asked: call it where stopping is safe."""
+        """Raise `Cancelled` if cancel was asked: call it where stopping is safe."""
         if self.cancel_requested():
             raise Cancelled(f"message {self.pk}: cancel was asked")
 
     def set_progress(self: Message, done: float, total: float | None = None, note: str = "") -> None:  # type: ignore[misc]
         """Report how far the handler is; written at the next heartbeat, kept in the archive.
 
-        A checkpoint too: raises :class:`~django_dbqueue.Cancelled` if cancel was asked.
+        A checkpoint too: raises `Cancelled` if cancel was asked.
         """
         self.progress = progress_value(done, total, note)
         self._dbqueue_reports += 1

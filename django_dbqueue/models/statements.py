@@ -4,7 +4,7 @@ Acknowledging a batch used to read each message into Python and write an
 archive row back through ``bulk_create``. ``INSERT ... SELECT`` copies the
 rows inside the database instead: one statement however large the batch,
 and no Python object per row. Vendor differences (JSON parameters, the
-clock, RETURNING) come from :mod:`django_dbqueue.db`.
+clock, RETURNING) come from `django_dbqueue.db`.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def archive_copies(
     """Copy live messages ``ids`` into the archive as ``outcome``; returns the rows written.
 
     ``results`` holds handlers' return values by message id, already made
-    storable (:func:`~django_dbqueue.validation.storable_result`); ``errors``
+    storable (`storable_result`); ``errors``
     replaces ``last_error`` for some ids (a note that a result was not kept).
     The caller deletes the live rows in the same transaction.
     """
@@ -87,7 +87,7 @@ def _archive_copy_sql(
     source: str,
     guard: tuple[str, list[Any]] | None = None,
 ) -> tuple[str, list[Any]]:
-    """The ``INSERT ... SELECT`` of :func:`archive_copies`: rows ``ids`` of ``source`` (that match ``guard``)."""
+    """The ``INSERT ... SELECT`` of `archive_copies`: rows ``ids`` of ``source`` (that match ``guard``)."""
     connection = connections[using]
     qn = connection.ops.quote_name
     now_sql, now_params = compile_now(using)
@@ -123,7 +123,7 @@ def _archive_copy_sql(
 
 
 def ack_in_one_statement(using: str) -> bool:
-    """Whether :func:`ack_leased` acknowledges a batch in one statement here (PostgreSQL)."""
+    """Whether `ack_leased` acknowledges a batch in one statement here (PostgreSQL)."""
     return writable_ctes(using)
 
 
@@ -161,7 +161,7 @@ def ack_unlocked(
 
     For MySQL, MariaDB and SQLite, inside the caller's transaction: the
     ``INSERT ... SELECT`` and then the ``DELETE``, both guarded, one round
-    trip fewer than locking the rows first (:func:`lock_leased`). Under READ
+    trip fewer than locking the rows first (`lock_leased`). Under READ
     COMMITTED the copy's read locks nothing, so a lease may be lost between
     the two statements; but a lease that did not hold for the copy cannot
     hold for the delete, so the rows deleted are a subset of those copied,
@@ -183,7 +183,7 @@ def ack_unlocked(
 
 
 def delete_locked(using: str, ids: set[int]) -> None:
-    """Delete the messages ``ids``, locked by :func:`lock_leased` in the caller's transaction.
+    """Delete the messages ``ids``, locked by `lock_leased` in the caller's transaction.
 
     Written by hand: the ORM's DELETE compiled its filter anew for every batch.
     """
@@ -236,7 +236,7 @@ INSERTED = (
 
 
 def inserted_values(m: Message, adapt: Callable[[Any], Any]) -> list[Any]:
-    """One message's parameters for the columns of :data:`INSERTED`, in order (``adapt``: for the times)."""
+    """One message's parameters for the columns of `INSERTED`, in order (``adapt``: for the times)."""
     return [
         m.queue,
         m.kind,
@@ -307,7 +307,7 @@ def insert_message(using: str, message: Message, delay: float | None) -> None:
 
 
 def _insert_sql(using: str, name: str, size: int) -> str:
-    """The INSERT of :func:`insert_message`: ``insert-values`` (every value a parameter, MySQL) or,
+    """The INSERT of `insert_message`: ``insert-values`` (every value a parameter, MySQL) or,
     RETURNING its id and times, ``insert-now``, ``insert-later`` (a delay, one parameter per time) and
     ``insert-at`` (``available_at`` given), with ``created_at`` from the database's clock."""
     qn = connections[using].ops.quote_name
@@ -510,7 +510,7 @@ def _lease_sql(using: str, name: str, count: int) -> str:
 
 
 def claim_is_one_statement(using: str) -> bool:
-    """Whether :func:`claim_rows` is a single statement here, atomic without a transaction around it."""
+    """Whether `claim_rows` is a single statement here, atomic without a transaction around it."""
     return writable_ctes(using)
 
 
@@ -522,7 +522,7 @@ def claim_rows(
     PostgreSQL: one statement (``UPDATE ... FROM`` a ``SELECT ... FOR UPDATE
     SKIP LOCKED`` in a ``WITH``), atomic without a transaction of its own.
     Elsewhere: the SELECT and the UPDATE, and the caller runs them in one
-    transaction (:func:`~django_dbqueue.db.transactions.short_transaction`).
+    transaction (`short_transaction`).
     """
     connection = connections[using]
     _, build = _message_reader(using)
@@ -575,7 +575,7 @@ JSON_COLUMNS = ("payload", "headers", "result", "progress", "meta")
 
 
 def finish_is_one_statement(using: str) -> bool:
-    """Whether :func:`finish_leased` is a single statement here, atomic without a transaction around it."""
+    """Whether `finish_leased` is a single statement here, atomic without a transaction around it."""
     return writable_ctes(using)
 
 
@@ -585,7 +585,7 @@ def finish_leased(using: str, message: Message, outcome: str, row: Mapping[str, 
     ``row`` holds the archive row's values that do not come from the
     message (``outcome``, ``finished_by``, ``last_error``, ``result``, already
     storable); the rest come from ``message``, as
-    :meth:`ArchivedMessage.from_live` takes them. PostgreSQL: one statement,
+    `ArchivedMessage.from_live` takes them. PostgreSQL: one statement,
     the archive ``INSERT`` fed by a ``DELETE ... RETURNING`` in a ``WITH``.
     Elsewhere: the ``DELETE``, then the ``INSERT`` if it deleted a row; the
     caller runs them in one transaction.
@@ -625,7 +625,7 @@ def finish_leased(using: str, message: Message, outcome: str, row: Mapping[str, 
 
 
 def _finish_sql(using: str, name: str, size: int) -> str:
-    """The statements of :func:`finish_leased`: ``delete-leased``, ``archive`` (values), ``finish`` (PostgreSQL)."""
+    """The statements of `finish_leased`: ``delete-leased``, ``archive`` (values), ``finish`` (PostgreSQL)."""
     connection = connections[using]
     qn = connection.ops.quote_name
     now, _ = compile_now(using)

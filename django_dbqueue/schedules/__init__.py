@@ -4,7 +4,7 @@ The package is cut by layer, so importing it costs nothing: ``timing``,
 ``policy`` and ``spec`` are pure computation (the settings module uses
 ``spec``); ``registry`` holds the declarations (``@schedule``);
 ``scheduler`` fires them through the model layer
-(:mod:`django_dbqueue.models.schedules`). See docs/schedules.md.
+(`django_dbqueue.models.schedules`). See docs/schedules.md.
 """
 
 from __future__ import annotations

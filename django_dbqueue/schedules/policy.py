@@ -2,7 +2,7 @@
 
 Pure: given the schedule's timing, the time up to which its slots are
 decided (``covered_until``, kept in the database) and "now" (the
-database's), :func:`plan` says what to fire. A slot is *on time* while it
+database's), `plan` says what to fire. A slot is *on time* while it
 is at most ``grace`` old: a scheduler that woke a little late still fires
 it. An older one was *missed* (no scheduler ran then), and the catch-up
 policy decides:

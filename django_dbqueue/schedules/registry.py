@@ -7,7 +7,7 @@
     def daily_digest(message): ...
 
 A decorator records the declaration and returns its target unchanged.
-Declarations are checked when they are read (:func:`declared`), once every
+Declarations are checked when they are read (`declared`), once every
 app's ``queues.py`` has registered its handlers: so ``@schedule`` can take
 its queue and kind from the ``@handler`` below it, and a bad field is a
 system check error (``django_dbqueue.E003``) naming the schedule and the
@@ -169,7 +169,7 @@ def forget(name: str) -> None:
 
 
 def snapshot() -> tuple[dict[str, Declaration], list[str]]:
-    """The code declarations, to put back with :func:`restore` (tests)."""
+    """The code declarations, to put back with `restore` (tests)."""
     return dict(_declared), list(_conflicts)
 
 

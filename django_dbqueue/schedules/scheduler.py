@@ -1,15 +1,15 @@
 """The scheduler: turns due slots into messages, once per slot however many processes run it.
 
-A pass (:meth:`Scheduler.run_once`) reads the database's clock, makes sure
+A pass (`Scheduler.run_once`) reads the database's clock, makes sure
 each declared schedule has its row, plans each enabled schedule's due
-slots (:mod:`.policy`) and fires each in its own transaction
-(:meth:`ScheduleRun.objects.fire <django_dbqueue.models.schedules.ScheduleRunQuerySet.fire>`).
+slots (`policy`) and fires each in its own transaction
+(`ScheduleRun.objects.fire`).
 Any number of schedulers may run passes at once: the run table's unique
 ``(schedule, slot)`` lets one firing of a slot commit, and the others find
 it taken. "Now" is always the database's, so hosts with skewed clocks agree
 on which slots are due.
 
-:meth:`Scheduler.loop` repeats passes until its stop event is set, sleeping
+`Scheduler.loop` repeats passes until its stop event is set, sleeping
 until the next slot (at most ``SCHEDULER_INTERVAL``), and weathers a
 database that goes away. ``runqueueworker`` runs it in a thread;
 ``runqueueschedules`` runs it alone.
@@ -263,7 +263,7 @@ class Scheduler:
 
 
 def run_now(name: str, *, using: str | None = None, by: str = "") -> Fired | None:
-    """Send schedule ``name``'s message now (see :meth:`Scheduler.run_now`)."""
+    """Send schedule ``name``'s message now (see `Scheduler.run_now`)."""
     return Scheduler(using).run_now(name, by=by)
 
 

@@ -1,8 +1,8 @@
 """A schedule's declaration as checked data: when it fires, what it sends, how it catches up.
 
 Declarations come from ``@django_dbqueue.schedule`` and from
-``DBQUEUE["SCHEDULES"]``; both are turned into a :class:`ScheduleSpec` by
-:func:`build_spec`, which names every bad field instead of raising, so the
+``DBQUEUE["SCHEDULES"]``; both are turned into a `ScheduleSpec` by
+`build_spec`, which names every bad field instead of raising, so the
 system checks can report them all (E001 for the setting, E003 for code).
 This module sits at the bottom of the layers beside ``conf`` and
 ``validation``: it reads no setting and touches no table.

@@ -1,6 +1,6 @@
 """Every schedule a database knows, at a glance: what the admin's list and ``queuestats`` show.
 
-One :func:`schedule_statuses` call reads the rows, each schedule's newest
+One `schedule_statuses` call reads the rows, each schedule's newest
 run and where that run's message is now (live, or archived with its
 outcome) in a few queries, and works out the next slot by the database's
 clock. A row that no code or setting declares any more is *orphaned*.

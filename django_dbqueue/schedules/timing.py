@@ -1,7 +1,7 @@
 """When a schedule's slots fall: a five-field cron expression in a time zone, or a fixed interval.
 
 Pure computation over aware datetimes, no database and no clock: callers
-pass "now" (the database's, see :mod:`django_dbqueue.schedules.scheduler`).
+pass "now" (the database's, see `django_dbqueue.schedules.scheduler`).
 Every process must compute the same slots from the same declaration, since
 a slot's time is half of the key that makes it fire once; so slots are
 always returned in UTC, and an interval is anchored at the Unix epoch, not

@@ -15,9 +15,9 @@ transaction; ``runqueueworker`` runs it through the handler registered for
 that kind in each of the backend's queues. The parts:
 
 - ``compat``: the framework, from ``django.tasks`` or the Django 5.2 backport;
-- ``backend``: :class:`DatabaseQueueBackend` (enqueue, validation, checks);
+- ``backend``: `DatabaseQueueBackend` (enqueue, validation, checks);
 - ``results``: task messages and archive rows read back as ``TaskResult``;
-- ``execution``: :class:`TaskHandler`, running a task message in a worker.
+- ``execution``: `TaskHandler`, running a task message in a worker.
 
 Without the framework this package still imports (``compat.FRAMEWORK`` is
 None), and asking it for the backend raises an ImportError that says what

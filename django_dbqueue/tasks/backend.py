@@ -4,8 +4,8 @@ A task is enqueued in the caller's transaction as a message of kind
 ``django.task`` in the queue its ``queue_name`` names; the framework's
 priority (-100..100, larger runs sooner) is stored negated, since a
 smaller message priority runs sooner. The backend registers the task
-handler (:mod:`.execution`) for its queues, and reads results through
-:mod:`.results`. See docs/tasks.md.
+handler (`execution`) for its queues, and reads results through
+`results`. See docs/tasks.md.
 """
 
 from __future__ import annotations

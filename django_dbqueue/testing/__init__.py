@@ -1,7 +1,7 @@
 """Testing code that enqueues: run handlers in the test's process, assert what was enqueued, move time.
 
 ``QueueTestTools`` holds the methods; the pytest plugin's ``dbqueue``
-fixture is one, and :class:`QueueTestMixin` gives them to a Django
+fixture is one, and `QueueTestMixin` gives them to a Django
 ``TestCase``. See docs/testing.md.
 
 The names load lazily: pytest imports the plugin in this package before

@@ -2,7 +2,7 @@
 
 For tests that should not need a worker. It listens to ``message_enqueued``,
 which is sent once the enqueue is durable, and runs the ready messages of
-that queue through :func:`~django_dbqueue.running.process`, the rules every
+that queue through `process`, the rules every
 worker follows: a failure is recorded and waits for its backoff, a dead
 letter is archived. Messages that handlers enqueue while it runs are run
 after the current one, not inside it. With ``DBQUEUE["MODE"] = "worker"``

@@ -1,4 +1,4 @@
-"""The testing tools themselves (imported lazily by :mod:`django_dbqueue.testing`).
+"""The testing tools themselves (imported lazily by `django_dbqueue.testing`).
 
 They work on the test's own database connection, so they see what the
 test wrote inside its transaction, as a worker process could not.
@@ -41,12 +41,12 @@ def _describe(messages: list[Message]) -> str:
 
 
 class QueueTestTools:
-    """The testing methods; stateless, so a ``TestCase`` may inherit them (:class:`QueueTestMixin`)."""
+    """The testing methods; stateless, so a ``TestCase`` may inherit them (`QueueTestMixin`)."""
 
     def enqueued(self, queue: str, *, kind: str | None = None, using: str | None = None) -> list[Message]:
         """The live messages of ``queue`` (waiting, scheduled or running), oldest first.
 
-        Messages that already ran are in the archive: :meth:`archived`.
+        Messages that already ran are in the archive: `archived`.
         """
         rows = Message.objects.using(using or database_for(queue)).filter(queue=queue)
         if kind is not None:
@@ -124,11 +124,11 @@ class QueueTestTools:
         """Run ready messages of ``queues`` (default: every queue) through their handlers until none is ready.
 
         In this process and on this connection, with the rules every worker
-        follows (:func:`django_dbqueue.running.process`): retries are
+        follows (`django_dbqueue.running.process`): retries are
         recorded and wait for their backoff, dead letters are archived.
         Messages that handlers enqueue run too when they are ready.
         Returns how many runs had each outcome (``{"acked": 3, "failed": 1}``).
-        Raises :class:`QueueStillBusy` after ``max_runs`` runs with work left
+        Raises `QueueStillBusy` after ``max_runs`` runs with work left
         (a handler that enqueues or defers for ever).
         """
         return run_ready(queues, max_runs=max_runs, using=using)

@@ -1,6 +1,6 @@
 """OpenTelemetry tracing (the extra ``otel``). See docs/tracing.md.
 
-:func:`enable` (which ``DBQUEUE["TRACING"] = True`` calls when the app
+`enable` (which ``DBQUEUE["TRACING"] = True`` calls when the app
 starts) adds a span per enqueue and per handler run, and carries the trace
 context in the message's headers (W3C ``traceparent``), so a web request's
 trace continues in the worker. Nothing imports OpenTelemetry until then.

@@ -1,18 +1,18 @@
 """The worker: threads that claim messages and run their handlers.
 
-``runqueueworker`` is a :class:`QueueWorker` (:mod:`.process`), built of:
+``runqueueworker`` is a `QueueWorker` (`process`), built of:
 
-- :mod:`.config`: :class:`WorkerConfig` (what it can be told) and :class:`ExitStatus`;
-- :mod:`.ledger`: the one object that owns what the worker holds (claimed,
+- `config`: `WorkerConfig` (what it can be told) and `ExitStatus`;
+- `ledger`: the one object that owns what the worker holds (claimed,
   running, waiting for its ack) and its counters;
-- :mod:`.lifecycle`: the events its threads share; a crashed thread stops the worker;
-- :mod:`.consumer`: the claim/run/ack loop of one thread;
-- :mod:`.writing`: writing an outcome, retried through database trouble;
-- :mod:`.heartbeat`: the worker's row, lease extension, the periodic summary;
-- :mod:`.listener`: PostgreSQL ``LISTEN`` wake-ups.
+- `lifecycle`: the events its threads share; a crashed thread stops the worker;
+- `consumer`: the claim/run/ack loop of one thread;
+- `writing`: writing an outcome, retried through database trouble;
+- `heartbeat`: the worker's row, lease extension, the periodic summary;
+- `listener`: PostgreSQL ``LISTEN`` wake-ups.
 
-Running one message through its handler is :mod:`django_dbqueue.running`;
-the ``--reap`` thread is :meth:`django_dbqueue.reaper.Reaper.loop`.
+Running one message through its handler is `django_dbqueue.running`;
+the ``--reap`` thread is `django_dbqueue.reaper.Reaper.loop`.
 See docs/workers.md, "How the worker is built".
 """
 

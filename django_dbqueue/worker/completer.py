@@ -17,7 +17,7 @@ consumer's ``record``; a lost lease is logged once.
 Bounded: a consumer waits for its last handover to be written before it
 hands over the next one, so at most one batch per consumer waits here, and
 a consumer ends only once its last handover is written. If this thread
-ends without writing a handover, its consumer is told (:class:`CompleterGone`)
+ends without writing a handover, its consumer is told (`CompleterGone`)
 instead of waiting for ever; the messages stay in the ledger and their
 leases expire.
 """
@@ -53,7 +53,7 @@ class CompleterGone(Exception):
 
 @dataclass(eq=False)
 class Handover:
-    """One consumer's batch of acks: ``record`` writes one outcome alone (its consumer's :meth:`record`)."""
+    """One consumer's batch of acks: ``record`` writes one outcome alone (its consumer's `record`)."""
 
     slot: int
     batch: list[Entry]
@@ -63,7 +63,7 @@ class Handover:
 
 
 class Completer:
-    """Writes handed-over acks on its own thread and connection; :meth:`run` is that thread's loop."""
+    """Writes handed-over acks on its own thread and connection; `run` is that thread's loop."""
 
     def __init__(self, *, name: str, using: str, ledger: Ledger, lifecycle: Lifecycle) -> None:
         self.name = name
@@ -78,7 +78,7 @@ class Completer:
     # --- consumers -----------------------------------------------------------------
 
     def hand_over(self, slot: int, batch: list[Entry], record: Callable[[Message, Verdict], str]) -> Handover:
-        """Queue ``batch`` (the slot's unacked messages) to be acknowledged; wait for it with :meth:`wait`."""
+        """Queue ``batch`` (the slot's unacked messages) to be acknowledged; wait for it with `wait`."""
         handover = Handover(slot, batch, record)
         with self._changed:
             if self._closed or self._ended:
@@ -88,7 +88,7 @@ class Completer:
         return handover
 
     def wait(self, handover: Handover) -> None:
-        """Until ``handover`` is written, or given up; raises :class:`CompleterGone` if it never will be."""
+        """Until ``handover`` is written, or given up; raises `CompleterGone` if it never will be."""
         while not handover.done.wait(CHECK_EVERY):
             with self._changed:
                 if self._ended and not handover.done.is_set():
@@ -99,7 +99,7 @@ class Completer:
     # --- the completer's thread ----------------------------------------------------------
 
     def close(self) -> None:
-        """No more handovers: :meth:`run` writes what waits, then returns."""
+        """No more handovers: `run` writes what waits, then returns."""
         with self._changed:
             self._closed = True
             self._changed.notify()
@@ -125,7 +125,7 @@ class Completer:
             connections.close_all()
 
     def _take(self) -> list[Handover]:
-        """Whole handovers from the oldest, up to :data:`MERGE_LIMIT` messages (at least one)."""
+        """Whole handovers from the oldest, up to `MERGE_LIMIT` messages (at least one)."""
         taken: list[Handover] = []
         size = 0
         while self._waiting and (not taken or size + len(self._waiting[0].batch) <= MERGE_LIMIT):

@@ -2,16 +2,16 @@
 
 Each consumer has its own database connection for the worker's life. It
 claims up to ``batch_size`` messages, runs them one after another through
-:mod:`django_dbqueue.running`, and writes each outcome as the handler ends,
+`django_dbqueue.running`, and writes each outcome as the handler ends,
 except acknowledgements: when the batch is done, its acks are handed to the
-worker's :class:`~.completer.Completer`, which writes them in one
+worker's `Completer`, which writes them in one
 transaction while this thread claims the next batch. What it holds is in the worker's
-:class:`~.ledger.Ledger`; idle, it waits with a doubling backoff, or until
+`Ledger`; idle, it waits with a doubling backoff, or until
 woken (a NOTIFY, a stop).
 
 Recording an outcome never wedges the thread (docs/workers.md, "Recording
-an outcome"): weather is waited out (:mod:`.writing`); a permanent error is
-written once as something else (:func:`unstorable`); a batch that cannot be
+an outcome"): weather is waited out (`writing`); a permanent error is
+written once as something else (`unstorable`); a batch that cannot be
 acknowledged together is acknowledged one by one; a lost lease, including a
 handler's own ``release()``, ``fail()`` or ``ack()``, is logged once.
 """
@@ -136,7 +136,7 @@ class Consumer:
         """Claim what this thread may take now: a batch of the unpaused queues, within --max-messages.
 
         The claim is in the ledger from before it starts until its messages
-        are handed over (:meth:`Ledger.claiming`): its rows are leased when
+        are handed over (`Ledger.claiming`): its rows are leased when
         its transaction commits, and until the handover no other thread may
         take the worker for idle.
         """
@@ -160,7 +160,7 @@ class Consumer:
     def nothing_left(self) -> bool:
         """Whether the worker should stop for lack of work (--until-empty, --max-messages); stops it if so.
 
-        "Empty" is decided with the ledger closed (:meth:`Ledger.close_if_empty`):
+        "Empty" is decided with the ledger closed (`Ledger.close_if_empty`):
         no thread of this worker holds a message or is claiming one, and none
         may start a claim, while the table is read. So a claim that committed
         but was not handed over yet cannot be taken for an empty queue, and
@@ -205,9 +205,9 @@ class Consumer:
     def record(self, message: Message, verdict: Verdict) -> str:
         """Write the handler's outcome; when it cannot be stored, what can. Returns the outcome written.
 
-        Weather is waited out (:meth:`Writer.until_written`). A permanent
+        Weather is waited out (`Writer.until_written`). A permanent
         error is never retried: the message is recorded otherwise
-        (:meth:`record_instead`) and the worker goes on with the next one.
+        (`record_instead`) and the worker goes on with the next one.
         A lost lease (it ran out, or the handler released, failed or acked
         its own message) is logged once.
         """
@@ -267,7 +267,7 @@ class Consumer:
         """Hand the batch's waiting acks to the completer, once the last batch handed over is written.
 
         The completer writes them in one transaction while this thread
-        claims and runs the next batch (see :mod:`.completer` for what it does
+        claims and runs the next batch (see `completer` for what it does
         when they cannot be written).
         """
         self.settle()

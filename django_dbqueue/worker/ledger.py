@@ -4,22 +4,22 @@ A worker holds a message from its claim until its outcome is written. In
 between, the message is in exactly one of three places, kept per slot (a
 consumer thread's own key):
 
-- **claimed**, not started (:meth:`Ledger.claimed`, then :meth:`~Ledger.start`),
-  given back at once on a graceful stop (:meth:`~Ledger.take_unstarted`);
-- **running**, at most one per slot, until :meth:`~Ledger.finish` (its outcome
-  written) or :meth:`~Ledger.await_ack`;
+- **claimed**, not started (`Ledger.claimed`, then `start`),
+  given back at once on a graceful stop (`take_unstarted`);
+- **running**, at most one per slot, until `finish` (its outcome
+  written) or `await_ack`;
 - **waiting for its ack**, written with the rest of its batch in one
-  transaction (:meth:`~Ledger.unacked`, then :meth:`~Ledger.acked`).
+  transaction (`unacked`, then `acked`).
 
 A claim itself is in the ledger from before it starts until its messages
-are handed over (:meth:`~Ledger.claiming`): its rows are leased as soon as
-its transaction commits, a moment before :meth:`~Ledger.claimed`, so in
+are handed over (`claiming`): its rows are leased as soon as
+its transaction commits, a moment before `claimed`, so in
 between the worker must not be taken for idle. ``--until-empty`` decides
 that the queues are empty with the ledger closed
-(:meth:`~Ledger.close_if_empty`): nothing held, nothing being claimed, and
+(`close_if_empty`): nothing held, nothing being claimed, and
 no claim may start until it is reopened.
 
-The heartbeat extends the leases of all three (:meth:`~Ledger.leases`);
+The heartbeat extends the leases of all three (`leases`);
 ``--max-messages`` reads how much is in hand; the processed and failed
 counters feed the worker row and the log.
 
@@ -72,7 +72,7 @@ class Ledger:
         """Around one claim of ``slot``: yields whether it may claim (False while the ledger is closed).
 
         Until the block ends, the worker counts as holding something
-        (:meth:`is_empty` is False): call :meth:`claimed` inside it.
+        (`is_empty` is False): call `claimed` inside it.
         """
         with self._lock:
             allowed = not self._closed
@@ -117,7 +117,7 @@ class Ledger:
     def await_ack(self, slot: Hashable, note: Any = None) -> None:
         """``slot``'s running message succeeded; its ack waits to be written with the batch.
 
-        ``note`` travels with it to :meth:`unacked` (the worker keeps the verdict there).
+        ``note`` travels with it to `unacked` (the worker keeps the verdict there).
         """
         with self._lock:
             message = self._running.pop(slot, None)
@@ -179,7 +179,7 @@ class Ledger:
             return not self._claiming and self._in_hand() == 0
 
     def close_if_empty(self) -> bool:
-        """Close the ledger if it is empty (see :meth:`is_empty`): no claim may start until :meth:`reopen`.
+        """Close the ledger if it is empty (see `is_empty`): no claim may start until `reopen`.
 
         False if it holds something, a claim is under way, or it is closed already.
         """
@@ -190,7 +190,7 @@ class Ledger:
             return True
 
     def reopen(self) -> None:
-        """Let claims start again after :meth:`close_if_empty`."""
+        """Let claims start again after `close_if_empty`."""
         with self._lock:
             self._closed = False
 

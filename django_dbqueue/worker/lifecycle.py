@@ -5,7 +5,7 @@
   grace period; heartbeats go on until then, and retries of an outcome give up;
 - ``wake``: an idle consumer should claim now (a NOTIFY, a stop).
 
-Every thread of a worker runs through :meth:`Lifecycle.thread`: an
+Every thread of a worker runs through `Lifecycle.thread`: an
 exception that escapes its loop is logged with its traceback and stops
 the worker, which then exits with ``ExitStatus.ERROR``. A worker never goes
 on with less capacity in silence, nor exits 0 after a crash.

@@ -1,13 +1,13 @@
 """Waking an idle consumer when a message lands in one of the worker's queues.
 
 PostgreSQL: the trigger of migration 0002 sends ``NOTIFY`` per INSERT
-statement and queue; :func:`django_dbqueue.db.notify.notifications`
+statement and queue; `django_dbqueue.db.notify.notifications`
 listens on a connection of its own. A listener that fails (the server
 restarting, say) logs, waits a second and listens again.
 
 Elsewhere, with ``NUDGE_HOST`` set: a UDP socket whose address the worker
 row carries; producers send it the queue's name after their enqueue
-commits (:mod:`django_dbqueue.models.wakeups`). Without either, consumers
+commits (`django_dbqueue.models.wakeups`). Without either, consumers
 only poll; with them, polling goes on too, as the fallback.
 """
 

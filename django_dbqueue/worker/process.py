@@ -1,12 +1,12 @@
 """The worker process: starts its threads, stops them, and says how it ended.
 
-One :class:`QueueWorker` is one ``runqueueworker`` process: ``concurrency``
-consumer threads (:mod:`.consumer`), a completer that writes their acks
-(:mod:`.completer`), a heartbeat (:mod:`.heartbeat`), a
-listener (:mod:`.listener`: NOTIFY on PostgreSQL, nudges elsewhere), with ``--reap`` a reaper
-(:meth:`django_dbqueue.reaper.Reaper.loop`). What they hold is in one
-:class:`~.ledger.Ledger`; the events they share and what a crash does are
-in :class:`~.lifecycle.Lifecycle`.
+One `QueueWorker` is one ``runqueueworker`` process: ``concurrency``
+consumer threads (`consumer`), a completer that writes their acks
+(`completer`), a heartbeat (`heartbeat`), a
+listener (`listener`: NOTIFY on PostgreSQL, nudges elsewhere), with ``--reap`` a reaper
+(`django_dbqueue.reaper.Reaper.loop`). What they hold is in one
+`Ledger`; the events they share and what a crash does are
+in `Lifecycle`.
 
 Shutdown: the first SIGTERM/SIGINT stops claiming, releases claimed but
 unstarted messages at once and lets running handlers finish within

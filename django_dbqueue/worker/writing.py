@@ -3,7 +3,7 @@
 Once a handler has run, its outcome (one message's, or a batch's acks)
 must be written: running the handler again because the database was away
 would be a needless duplicate. So a write that fails for weather, an
-error that can pass (:func:`~django_dbqueue.db.errors.is_transient`: a
+error that can pass (`is_transient`: a
 deadlock, a lock wait timeout, a lost connection, a server restarting), is
 retried with a growing pause of up to 5 seconds until it is written. It
 stops only when the ``give_up`` event is set (the worker is past the grace
@@ -17,7 +17,7 @@ permanent error looks like weather: a statement larger than MySQL's
 ``max_allowed_packet`` makes the server drop the connection ("server has
 gone away"). A write whose connection is dropped ``DROPPED_LIMIT`` times in
 a row while the server answers a new connection at once is taken for that,
-and raised as :class:`DroppedWrite`.
+and raised as `DroppedWrite`.
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ class Writer:
     def until_written(self, write: Callable[[], T], what: str, *, attempts: int | None = None) -> T:
         """``write()``, retried through errors that can pass until it succeeds.
 
-        Raises :class:`GaveUp` when ``give_up`` is set (checked after each
+        Raises `GaveUp` when ``give_up`` is set (checked after each
         failed try; its wait ends at once then) or after ``attempts`` tries,
         if given. A permanent error propagates at once, unchanged, or as
-        :class:`DroppedWrite` (see the module's docstring).
+        `DroppedWrite` (see the module's docstring).
         """
         attempt = dropped = 0
         while True:

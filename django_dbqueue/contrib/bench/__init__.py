@@ -1,7 +1,7 @@
 """``manage.py queuebench``: how fast the queue is on this database, against a raw-SQL ceiling.
 
-:mod:`.runner` runs the phases and prints the table; :mod:`.rawsql` is the
+`runner` runs the phases and prints the table; `rawsql` is the
 same protocol written straight against the driver (the ceiling our ORM code
-is measured against); :mod:`.roles` holds what the benchmark's child
+is measured against); `roles` holds what the benchmark's child
 processes run.
 """

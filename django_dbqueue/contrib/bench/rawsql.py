@@ -4,7 +4,7 @@ This is the benchmark's ceiling: the same claim (``FOR UPDATE SKIP LOCKED``,
 a lease token, ``available_at`` pushed to the lease's end), the same
 acknowledgement (archive and delete, guarded by the token) and the same
 multi-row INSERT, with nothing in between. It is deliberately kept out of
-:mod:`django_dbqueue.vendor`: no production code path uses it.
+`django_dbqueue.vendor`: no production code path uses it.
 """
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ def bench_queues_on(database: str, nudges: bool = True) -> Iterator[None]:
 def spawn(
     role: str, queue: str, config: BenchConfig, *extra: str, batch_size: int | None = None
 ) -> subprocess.Popen[bytes]:
-    """A child process running ``role`` (see :mod:`.roles`) with this process's settings."""
+    """A child process running ``role`` (see `roles`) with this process's settings."""
     command = [sys.executable, "-m", "django", "queuebench", "--role", role, "--queue", queue]
     command += ["--batch-size", str(batch_size or config.batch_size), "--database", config.database, *extra]
     if not config.nudges:

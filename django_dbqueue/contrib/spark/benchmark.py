@@ -1,7 +1,7 @@
 """The analytics benchmark: archived rows per second through the whole pipeline.
 
 Fills the archive with synthetic rows in a window of its own (January 2001,
-queues named ``analyticsbench.*``), runs :class:`AnalyticsJob` over that
+queues named ``analyticsbench.*``), runs `AnalyticsJob` over that
 window several times, reports the median, and removes its rows again.
 """
 

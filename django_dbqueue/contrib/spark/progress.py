@@ -1,8 +1,8 @@
 """Spark's progress on the driver: its stages' tasks, polled from a thread, told to a reporter.
 
 Spark's own console bar is off (``spark.ui.showConsoleProgress``: it writes
-to stderr whatever the verbosity, between log lines); :func:`watch_stages`
-shows the same through a :class:`~django_dbqueue.progress.Progress`, which
+to stderr whatever the verbosity, between log lines); `watch_stages`
+shows the same through a `Progress`, which
 knows a terminal from a log and ``-v0`` from ``-v1``.
 """
 

@@ -1,4 +1,4 @@
-"""``manage.py reapqueue``: a thin parser over :class:`django_dbqueue.reaper.Reaper`."""
+"""``manage.py reapqueue``: a thin parser over `django_dbqueue.reaper.Reaper`."""
 
 from __future__ import annotations
 

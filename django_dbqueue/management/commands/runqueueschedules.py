@@ -1,4 +1,4 @@
-"""``manage.py runqueueschedules``: a thin parser over :class:`django_dbqueue.schedules.scheduler.Scheduler`."""
+"""``manage.py runqueueschedules``: a thin parser over `django_dbqueue.schedules.scheduler.Scheduler`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``manage.py runqueueworker``: a thin parser over :class:`django_dbqueue.worker.QueueWorker`."""
+"""``manage.py runqueueworker``: a thin parser over `django_dbqueue.worker.QueueWorker`."""
 
 from __future__ import annotations
 

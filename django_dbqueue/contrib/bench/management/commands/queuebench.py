@@ -1,4 +1,4 @@
-"""``manage.py queuebench``: a thin parser over :class:`django_dbqueue.contrib.bench.runner.QueueBench`."""
+"""``manage.py queuebench``: a thin parser over `django_dbqueue.contrib.bench.runner.QueueBench`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``manage.py exportarchive``: a thin parser over :func:`django_dbqueue.contrib.spark.export.export_archive`."""
+"""``manage.py exportarchive``: a thin parser over `django_dbqueue.contrib.spark.export.export_archive`."""
 
 from __future__ import annotations
 

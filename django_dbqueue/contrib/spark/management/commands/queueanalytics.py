@@ -1,4 +1,4 @@
-"""``manage.py queueanalytics``: a thin parser over :class:`django_dbqueue.contrib.spark.job.AnalyticsJob`."""
+"""``manage.py queueanalytics``: a thin parser over `django_dbqueue.contrib.spark.job.AnalyticsJob`."""
 
 from __future__ import annotations
 
