@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import datetime, timedelta
+import textwrap
+import uuid
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 from itertools import repeat
 from typing import Any, cast
 
+from django.db.models import Model
 from django.utils import timezone
 
 from .exceptions import InvalidOption, InvalidQueueName, PayloadNotSerializable
@@ -111,7 +115,8 @@ def json_problem(value: Any, path: str, *, max_depth: int = MAX_JSON_DEPTH) -> s
         if isinstance(item, JSON_SCALARS):
             continue
         if not isinstance(item, dict | list | tuple):
-            return f"{where} is a {type(item).__name__} ({item!r:.60}), which is not JSON-serialisable"
+            kind = type(item).__name__
+            return f"{where} is a {kind} ({short_repr(item)}), which is not JSON-serialisable{json_hint(item)}"
         if depth > max_depth:
             return f"{path} is nested more than {max_depth} levels deep (at {where}); the limit is {max_depth}"
         children: list[tuple[Any, str, int]] = []
@@ -126,6 +131,37 @@ def json_problem(value: Any, path: str, *, max_depth: int = MAX_JSON_DEPTH) -> s
             children = [(child, f"{where}[{index}]", depth + 1) for index, child in enumerate(item)]
         stack.extend(reversed(children))
     return None
+
+
+def short_repr(value: Any, width: int = 80) -> str:
+    """``repr(value)`` in at most about ``width`` characters, cut between words, never inside one."""
+    return textwrap.shorten(repr(value), width, placeholder=" ...")
+
+
+def json_hint(value: Any) -> str:
+    """What to pass instead of ``value``, which JSON cannot hold (a clause to append), or "".
+
+    The queue stores plain JSON, which every database and every consumer
+    (SQL, other languages) reads the same way: the producer converts.
+    """
+    if isinstance(value, datetime | date | time):
+        return "; pass value.isoformat() and parse it back in the handler (datetime.fromisoformat)"
+    if isinstance(value, timedelta):
+        return "; pass value.total_seconds()"
+    if isinstance(value, Decimal):
+        return "; pass str(value) to keep every digit (and Decimal(text) in the handler)"
+    if isinstance(value, uuid.UUID):
+        return "; pass str(value)"
+    if isinstance(value, Model):
+        return (
+            "; pass its primary key (value.pk) and load the row in the handler, which then sees it as it is"
+            " when the handler runs"
+        )
+    if isinstance(value, set | frozenset):
+        return "; pass a list (sorted(value))"
+    if isinstance(value, bytes | bytearray):
+        return "; pass text (value.decode()) or base64 (base64.b64encode(value).decode())"
+    return ""
 
 
 def _plain_json(value: Any) -> str | None:

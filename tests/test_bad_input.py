@@ -1,6 +1,7 @@
 """Every refused call names the problem and leaves both tables exactly as they were."""
 
-from datetime import datetime, timedelta
+import uuid
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 
 import pytest
@@ -46,6 +47,45 @@ ENQUEUE_REFUSALS = [
     ("q", {}, {"max_attempts": 0}, InvalidOption, "max_attempts must be an integer from 1"),
     ("q", {}, {"prioritty": 1}, UnknownOption, "unknown enqueue option(s) 'prioritty'"),
 ]
+
+
+@pytest.mark.parametrize(
+    ("value", "fix"),
+    [
+        (datetime(2026, 11, 26, 2, 30, 1, 123456, tzinfo=UTC), "value.isoformat()"),
+        (date(2026, 11, 26), "value.isoformat()"),
+        (time(2, 30), "value.isoformat()"),
+        (timedelta(minutes=5), "value.total_seconds()"),
+        (Decimal("19.99"), "str(value)"),
+        (uuid.UUID("12345678-1234-5678-1234-567812345678"), "str(value)"),
+        ({1, 2}, "a list"),
+        (b"raw", "value.decode()"),
+    ],
+)
+def test_a_value_json_cannot_hold_names_the_fix_and_is_not_cut_mid_word(unchanged, value, fix):
+    with pytest.raises(PayloadNotSerializable) as caught:
+        django_dbqueue.enqueue("q", {"at": value})
+    text = str(caught.value)
+    assert f"payload['at'] is a {type(value).__name__} ({value!r})" in text  # the whole repr, not cut
+    assert fix in text
+
+
+def test_a_model_instance_in_a_payload_says_to_pass_its_primary_key(unchanged):
+    from tests.testapp.models import Order
+
+    order = Order.objects.create(number="A1", total=Decimal("12.50"))
+    with pytest.raises(PayloadNotSerializable) as caught:
+        django_dbqueue.enqueue("q", {"order": order})
+    assert "payload['order'] is a Order (<Order: A1>)" in str(caught.value)
+    assert "pass its primary key (value.pk)" in str(caught.value)
+
+
+def test_a_long_repr_is_shortened_between_words():
+    from django_dbqueue.validation import short_repr
+
+    text = short_repr(["word"] * 40, 60)
+    assert len(text) <= 60
+    assert text.endswith("'word', ...")
 
 
 @pytest.fixture
