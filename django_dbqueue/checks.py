@@ -4,7 +4,8 @@ Ids are stable: E001 setting, E002 no SKIP LOCKED, W001 REPEATABLE READ,
 E003 a schedule declared in code that is invalid (one in DBQUEUE["SCHEDULES"] is E001's);
 W002 (a Tasks backend queue without ARCHIVE) is reported by DatabaseQueueBackend.check(),
 W003 (a missing JDBC driver) by the analytics app, django_dbqueue.contrib.spark;
-E004 METRICS on without prometheus_client, E005 TRACING on without OpenTelemetry.
+E004 METRICS on without prometheus_client, E005 TRACING on without OpenTelemetry;
+W004 a setting whose name looks like DBQUEUE but is not it (DBQUEUES, DB_QUEUE...).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from django.core.checks import Error, Tags, Warning, register
 
-from .conf import find_problems, get_settings, raw_setting
+from .conf import find_problems, get_settings, misspelled_setting_names, raw_setting
 from .db import capabilities
 
 DOCS = "docs/settings.md"
@@ -25,6 +26,19 @@ def check_setting(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     return [
         Error(problem, hint=f"See {DOCS} for every key and its default.", id="django_dbqueue.E001")
         for problem in find_problems(raw_setting())
+    ]
+
+
+@register()
+def check_setting_name(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """A setting named almost DBQUEUE is never read: every option in it would be silently off."""
+    return [
+        Warning(
+            f"the setting {name} is not read by django-dbqueue, whose setting is named DBQUEUE",
+            hint=f"Rename {name} to DBQUEUE (see {DOCS}), or silence django_dbqueue.W004 if it is yours.",
+            id="django_dbqueue.W004",
+        )
+        for name in misspelled_setting_names()
     ]
 
 

@@ -16,6 +16,7 @@ The rest of the app asks :func:`get_settings` (global values) or
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 import re
@@ -301,6 +302,32 @@ def raw_setting() -> Any:
     return getattr(settings, "DBQUEUE", {})
 
 
+def unknown_key(where: str, key: object, known: Iterable[str], label: str = "known keys") -> str:
+    """The sentence for an unknown key: the nearest known one first ("did you mean"), then them all."""
+    known = sorted(known)
+    close = difflib.get_close_matches(str(key).upper(), known, n=1, cutoff=0.6) if isinstance(key, str) else []
+    guess = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{where} has an unknown key {key!r}{guess} ({label}: {', '.join(known)})"
+
+
+def misspelled_setting_names() -> list[str]:
+    """Settings whose names look like ``DBQUEUE`` but are not (``DBQUEUES``, ``DB_QUEUE``...): ignored otherwise.
+
+    A name counts when, without underscores, it contains ``DBQUEUE`` or
+    starts with ``DB`` and is within a letter or two of it.
+    """
+    found = []
+    for name in dir(settings):
+        if not name.isupper() or name == "DBQUEUE":
+            continue
+        squeezed = name.replace("_", "")
+        if "DBQUEUE" in squeezed or (
+            squeezed.startswith("DB") and difflib.SequenceMatcher(None, squeezed, "DBQUEUE").ratio() >= 0.85
+        ):
+            found.append(name)
+    return sorted(found)
+
+
 def find_problems(raw: Any) -> list[str]:
     """Return a sentence for each problem in a ``DBQUEUE`` value (empty if fine)."""
     if not isinstance(raw, dict):
@@ -311,8 +338,8 @@ def find_problems(raw: Any) -> list[str]:
             continue
         spec = QUEUE_KEYS.get(key) or GLOBAL_KEYS.get(key)
         if spec is None:
-            known = ", ".join(sorted([*QUEUE_KEYS, *GLOBAL_KEYS, *CONTRIB_KEYS, "QUEUES", "SCHEDULES"]))
-            problems.append(f"DBQUEUE has an unknown key {key!r}; known keys: {known}")
+            known = [*QUEUE_KEYS, *GLOBAL_KEYS, *CONTRIB_KEYS, "QUEUES", "SCHEDULES"]
+            problems.append(unknown_key("DBQUEUE", key, known))
         elif (why := spec[1](value)) is not None:
             problems.append(f"DBQUEUE[{key!r}] {why}")
     heartbeat = raw.get("HEARTBEAT_INTERVAL", GLOBAL_KEYS["HEARTBEAT_INTERVAL"][0])
@@ -338,10 +365,7 @@ def find_problems(raw: Any) -> list[str]:
         for key, value in options.items():
             spec = QUEUE_KEYS.get(key)
             if spec is None:
-                problems.append(
-                    f"DBQUEUE['QUEUES'][{name!r}] has an unknown key {key!r}; "
-                    f"per-queue keys: {', '.join(sorted(QUEUE_KEYS))}"
-                )
+                problems.append(unknown_key(f"DBQUEUE['QUEUES'][{name!r}]", key, QUEUE_KEYS, "per-queue keys"))
             elif (why := spec[1](value)) is not None:
                 problems.append(f"DBQUEUE['QUEUES'][{name!r}][{key!r}] {why}")
         problems += _flow_problems(f"DBQUEUE['QUEUES'][{name!r}]", {**raw, **options})
@@ -496,7 +520,7 @@ def task_backend_problems(params: Any) -> list[str]:
         if key == "ENQUEUE_ON_COMMIT":
             problems.append(ENQUEUE_ON_COMMIT_ADVICE)
         elif spec is None:
-            problems.append(f"OPTIONS has an unknown key {key!r}; known keys: {', '.join(sorted(TASK_OPTION_KEYS))}")
+            problems.append(unknown_key("OPTIONS", key, TASK_OPTION_KEYS))
         elif (why := spec[1](value)) is not None:
             problems.append(f"OPTIONS[{key!r}] {why}")
     if names and not find_problems(raw_setting()):

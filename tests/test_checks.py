@@ -26,7 +26,7 @@ def ids_and_messages(**kwargs):
     ("setting", "words"),
     [
         ([], "DBQUEUE must be a dict, not list"),
-        ({"VISIBILITY_TIMOUT": 5}, "unknown key 'VISIBILITY_TIMOUT'"),
+        ({"VISIBILITY_TIMOUT": 5}, "unknown key 'VISIBILITY_TIMOUT'; did you mean 'VISIBILITY_TIMEOUT'? (known keys:"),
         ({"VISIBILITY_TIMEOUT": "5"}, "DBQUEUE['VISIBILITY_TIMEOUT'] must be a number, not str"),
         ({"MAX_ATTEMPTS": 0}, "DBQUEUE['MAX_ATTEMPTS'] must be >= 1"),
         ({"MAX_DEFERRALS": -1}, "DBQUEUE['MAX_DEFERRALS'] must be >= 0, not -1"),
@@ -39,6 +39,7 @@ def ids_and_messages(**kwargs):
         ({"QUEUES": []}, "DBQUEUE['QUEUES'] must be a dict"),
         ({"QUEUES": {"bad name": {}}}, "bad queue name"),
         ({"QUEUES": {"q": {"REAP_INTERVAL": 1}}}, "DBQUEUE['QUEUES']['q'] has an unknown key 'REAP_INTERVAL'"),
+        ({"QUEUES": {"q": {"MAX_ATTEMPT": 1}}}, "unknown key 'MAX_ATTEMPT'; did you mean 'MAX_ATTEMPTS'? (per-queue"),
         ({"QUEUES": {"q": {"MAX_ATTEMPTS": -1}}}, "DBQUEUE['QUEUES']['q']['MAX_ATTEMPTS'] must be >= 1"),
         ({"TOPICS": ["orders"]}, "DBQUEUE['TOPICS'] must be a dict of topic name to a list of queue names"),
         ({"TOPICS": {"bad topic": ["q"]}}, "DBQUEUE['TOPICS'] has a bad topic name: topic name 'bad topic'"),
@@ -74,6 +75,21 @@ def test_bad_spark_jars_is_an_error_of_the_analytics_app(settings, jars, words):
     assert get_settings().defaults.max_attempts >= 1
     with pytest.raises(ImproperlyConfiguredQueue, match="SPARK_JARS"):
         spark_jars()
+
+
+@pytest.mark.parametrize("name", ["DBQUEUES", "DB_QUEUE", "DBQUEUE_SETTINGS", "DJANGO_DBQUEUE", "DBQEUE"])
+def test_a_setting_named_almost_dbqueue_is_a_warning(settings, name):
+    setattr(settings, name, {"MAX_ATTEMPTS": 3})
+    found = ids_and_messages()
+    assert found == [
+        ("django_dbqueue.W004", f"the setting {name} is not read by django-dbqueue, whose setting is named DBQUEUE")
+    ]
+
+
+@pytest.mark.parametrize("name", ["QUEUE", "QUEUES", "DEBUG_QUEUE", "DATABASES_EXTRA", "RQ_QUEUES"])
+def test_other_settings_with_queue_in_their_name_are_left_alone(settings, name):
+    setattr(settings, name, {})
+    assert ids_and_messages() == []
 
 
 def test_good_setting_passes(settings):
