@@ -1,12 +1,14 @@
 """Prometheus metrics: the counters fed by signals, the database's gauges, the view, and a real Prometheus."""
 
 import json
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
@@ -126,6 +128,31 @@ def test_queuemetrics_refuses_a_bad_port():
 
     with pytest.raises(CommandError, match="--port must be from 1 to 65535, not 0"):
         call_command("queuemetrics", port=0)
+
+
+def listening_address(port):
+    """The local address a socket listening on ``port`` is bound to, from Linux's /proc/net/tcp."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            return socket.inet_ntoa(bytes.fromhex(address)[::-1])
+    return None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads the listening sockets from Linux's /proc")
+@pytest.mark.parametrize(("args", "address"), [((), "127.0.0.1"), (("--bind", "0.0.0.0"), "0.0.0.0")])
+def test_queuemetrics_listens_on_this_host_only_unless_told(args, address):
+    port = free_port()
+    command = start_command("queuemetrics", "--port", port, *args)
+    try:
+        line = command.stdout.readline()
+        assert line == f"serving metrics on http://{address}:{port}/metrics\n", command.stderr.read()
+        assert listening_address(port) == address
+        assert http_ok(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        command.send_signal(signal.SIGTERM)
+        command.communicate(timeout=60)
 
 
 # --- end to end: a real Prometheus server scrapes a worker's metrics and the web view ---

@@ -18,7 +18,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, required=True, help="The port to listen on.")
-        parser.add_argument("--addr", default="0.0.0.0", help="The address to listen on (default: all).")
+        parser.add_argument(
+            "--bind",
+            "--addr",
+            dest="addr",
+            default="127.0.0.1",
+            metavar="ADDRESS",
+            help="The address to listen on (default 127.0.0.1, this host only; 0.0.0.0 for every interface).",
+        )
         add_database_argument(parser, "The queue database to read depth and ages from")
 
     def handle(self, *args: Any, **options: Any) -> None:
