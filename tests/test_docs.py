@@ -1,0 +1,210 @@
+"""The documentation as a newcomer uses it: code blocks that run as pasted, and every page reachable.
+
+A Python block preceded by the line ``<!-- runnable -->`` is one a user
+pastes (docs/development.md): each runs here on its own, in a fresh
+namespace, as pasted, imports included. Before it runs, every name it uses,
+inside its functions too, must be defined by the block or be a builtin, so
+a handler that calls an undefined function fails here and not in the
+reader's worker. A block that defines ``DBQUEUE`` must be a valid setting;
+a block that defines ``test_*`` functions has them called with their
+pytest fixtures. A block that starts with ``# settings.py`` runs after what
+``startproject`` writes there (``BASE_DIR``, ``DATABASES``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import gc
+import inspect
+import re
+import symtable
+import textwrap
+from dataclasses import dataclass
+
+import pytest
+from django.apps import apps
+from django.db import connection
+
+from django_dbqueue import handlers
+from django_dbqueue.conf import find_problems
+from django_dbqueue.models import ArchivedMessage
+from django_dbqueue.schedules import registry
+from tests.support.processes import ROOT
+
+MARKER = "<!-- runnable -->"
+DOCS = ROOT / "docs"
+FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w-]*)\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int  # of the fence's first line, 1-based
+    code: str
+    runnable: bool
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def python_blocks(page: str) -> list[Block]:
+    """The page's fenced Python blocks, dedented (a block may sit in a list item), marked or not."""
+    lines = (DOCS / page).read_text().splitlines()
+    blocks, index = [], 0
+    while index < len(lines):
+        opening = FENCE.match(lines[index])
+        if not opening:
+            index += 1
+            continue
+        end = next(i for i in range(index + 1, len(lines)) if lines[i].strip() == "```")
+        if opening["lang"] == "python":
+            before = next((lines[i].strip() for i in range(index - 1, -1, -1) if lines[i].strip()), "")
+            code = textwrap.dedent("\n".join(lines[index + 1 : end]))
+            blocks.append(Block(page, index + 1, code + "\n", before == MARKER))
+        index = end + 1
+    return blocks
+
+
+def pages() -> list[str]:
+    return sorted(path.name for path in DOCS.glob("*.md"))
+
+
+RUNNABLE = [block for page in pages() for block in python_blocks(page) if block.runnable]
+
+
+def startproject_settings() -> dict:
+    """What ``django-admin startproject`` puts in settings.py before a block pasted there."""
+    return {
+        "BASE_DIR": ROOT,
+        "INSTALLED_APPS": ["django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes"],
+        "DATABASES": {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ROOT / "db.sqlite3"}},
+    }
+
+
+def is_settings(block: Block) -> bool:
+    return block.code.startswith("# settings.py")
+
+
+def undefined_names(block: Block) -> set[str]:
+    """Names the block's code reads, at any depth, that neither the block nor Python defines."""
+    top = symtable.symtable(block.code, str(block), "exec")
+    defined = {symbol.get_name() for symbol in top.get_symbols() if symbol.is_assigned() or symbol.is_imported()}
+    known = defined | set(dir(builtins)) | {"__name__", "__file__"}
+    if is_settings(block):
+        known |= set(startproject_settings())
+    missing = set()
+    tables = [top]
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        for symbol in table.get_symbols():
+            if symbol.is_referenced() and symbol.is_global() and symbol.get_name() not in known:
+                missing.add(symbol.get_name())
+    return missing
+
+
+@pytest.fixture
+def isolated_declarations():
+    """Handlers, schedules and signal receivers a block declares go away after it."""
+    saved_handlers = handlers.registered()
+    saved_schedules = registry.snapshot()
+    yield
+    for key in set(handlers.registered()) - set(saved_handlers):
+        handlers.unregister(*key)
+    handlers._registry.update(saved_handlers)
+    registry.restore(saved_schedules)
+    gc.collect()  # receivers connected weakly go with the block's namespace
+
+
+def run_block(block: Block, request: pytest.FixtureRequest) -> dict:
+    assert not (missing := undefined_names(block)), f"{block} uses names it never defines or imports: {sorted(missing)}"
+    namespace: dict = {"__name__": f"docs_{block.page[:-3].replace('-', '_')}_{block.line}"}
+    if is_settings(block):
+        namespace.update(startproject_settings())
+    exec(compile(block.code, str(block), "exec"), namespace)
+    if "DBQUEUE" in namespace:
+        assert find_problems(namespace["DBQUEUE"]) == [], f"{block} shows a DBQUEUE setting with problems"
+    for name, value in list(namespace.items()):
+        if name.startswith("test_") and inspect.isfunction(value):
+            value(
+                **{parameter: request.getfixturevalue(parameter) for parameter in inspect.signature(value).parameters}
+            )
+    return namespace
+
+
+@pytest.mark.django_db(databases="__all__")
+@pytest.mark.usefixtures("isolated_declarations")
+@pytest.mark.parametrize("block", RUNNABLE, ids=str)
+def test_a_runnable_block_runs_as_pasted(block, request):
+    run_block(block, request)
+
+
+def test_the_marker_stands_before_a_python_block():
+    """A marker before anything but a Python fence would mark nothing, silently."""
+    misplaced = []
+    for page in pages():
+        lines = (DOCS / page).read_text().splitlines()
+        for index, line in enumerate(lines):
+            if line.strip() == MARKER:
+                following = next((rest for rest in lines[index + 1 :] if rest.strip()), "")
+                if following.strip() != "```python":
+                    misplaced.append(f"{page}:{index + 1}")
+    assert misplaced == []
+
+
+def test_the_pages_a_newcomer_reads_first_have_runnable_blocks():
+    marked = {block.page for block in RUNNABLE}
+    assert {"quickstart.md", "flow-control.md", "schedules.md", "testing.md", "api.md"} <= marked
+
+
+def test_the_undefined_name_check_sees_inside_functions():
+    block = Block("x.md", 1, "import django_dbqueue\n\ndef send(message):\n    send_the_email(message)\n", True)
+    assert undefined_names(block) == {"send_the_email"}
+
+
+@pytest.mark.django_db(databases="__all__")
+@pytest.mark.usefixtures("isolated_declarations")
+def test_the_quickstart_reaches_an_acked_message_a_dead_letter_and_its_replay(request, dbqueue, capsys):
+    """Steps 3 to 6 in order, with a worker's rules between them, as a newcomer runs them."""
+    blocks = [block for block in RUNNABLE if block.page == "quickstart.md"]
+
+    def the_block(containing: str) -> Block:
+        (found,) = [block for block in blocks if containing in block.code]
+        return found
+
+    run_block(the_block('enqueue("emails", {"to": "ada@example.com"}'), request)  # step 3
+    run_block(the_block("# shop/queues.py"), request)  # step 4: the handler
+    assert dbqueue.run_until_empty("emails") == {"acked": 1}
+    assert "Welcome, ada@example.com!" in capsys.readouterr().out
+
+    run_block(the_block("not-an-address"), request)
+    assert dbqueue.run_until_empty("emails") == {"rejected": 1}
+    run_block(the_block("replay("), request)
+    assert ArchivedMessage.objects.dead().get().replayed_by == "me"
+    assert len(dbqueue.enqueued("emails")) == 1
+
+
+@pytest.mark.django_db(databases="__all__")
+def test_the_quickstart_names_every_table_migrate_creates():
+    text = (DOCS / "quickstart.md").read_text()
+    models = apps.get_app_config("django_dbqueue").get_models()
+    tables = {model._meta.db_table for model in models if model._meta.managed and not model._meta.proxy}
+    created = tables & set(connection.introspection.table_names())  # what `migrate` made of them
+    assert created == tables
+    listed = set(re.findall(r"^\| `(dbqueue_\w+)` \|", text, re.M))
+    assert listed == created
+    count = {10: "ten", 11: "eleven", 12: "twelve", 13: "thirteen"}.get(len(created), str(len(created)))
+    assert f"This creates {count} tables" in text
+
+
+def linked_pages(text: str) -> set[str]:
+    return {match.rsplit("/", 1)[-1] for match in re.findall(r"\]\((?:docs/)?([\w./-]+\.md)(?:#[\w-]*)?\)", text)}
+
+
+def test_every_page_is_linked_from_the_readme_or_the_navigation():
+    readme = linked_pages((ROOT / "README.md").read_text())
+    navigation = set(re.findall(r":\s*([\w-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M))
+    orphans = [page for page in pages() if page not in readme | navigation]
+    assert orphans == []
+    unread = [page for page in pages() if page not in readme and page != "index.md"]
+    assert unread == [], "README.md lists every page (docs/index.md is the site's home page)"
