@@ -124,6 +124,73 @@ def test_walking_back_finds_the_same_slots_as_walking_forward(expression, start)
     assert latest_slots(timing, start, end, 10_000) == forward
 
 
+# Every transition of 2026 in zones that change at 01:00 UTC, at local 02:00 (north and south), at
+# midnight (America/Santiago) and by half an hour (Australia/Lord_Howe); the first instant of each new offset.
+TRANSITIONS = [
+    ("Europe/Berlin", utc(2026, 3, 29, 1), utc(2026, 10, 25, 1)),
+    ("America/New_York", utc(2026, 3, 8, 7), utc(2026, 11, 1, 6)),
+    ("Australia/Sydney", utc(2026, 10, 3, 16), utc(2026, 4, 4, 16)),
+    ("America/Santiago", utc(2026, 9, 6, 4), utc(2026, 4, 5, 3)),
+    ("Australia/Lord_Howe", utc(2026, 10, 3, 15, 30), utc(2026, 4, 4, 15)),
+]
+DST_CHANGES = [
+    pytest.param(zone, change, id=f"{zone}-{season}")
+    for zone, spring, autumn in TRANSITIONS
+    for season, change in (("spring", spring), ("autumn", autumn))
+]
+# Fixed local times (one or several a day) in and around every zone's gap and repeated hour ...
+FIXED = ["30 2 * * *", "30 1 * * *", "45 1 * * *", "30 23 * * *", "30 0 * * *", "0,30 2 * * *", "15,45 1,2 * * *"]
+DAILY = [expression for expression in FIXED if "," not in expression]
+# ... and expressions that follow real time. cronsim walks those wrongly across Lord Howe's half-hour
+# change (it skips 02:00 on the autumn day), so they are checked in the whole-hour zones only.
+REAL_TIME = ["0 * * * *", "*/20 1-3 * * *", "*/15 2 * * *", "0 */2 * * *"]
+
+
+def moments_around(change, hours=8, step=timedelta(minutes=10)):
+    """Every ``step`` from ``hours`` before a DST change to ``hours`` after; also 1 s after and 1 µs before each."""
+    moment = change - timedelta(hours=hours)
+    while moment <= change + timedelta(hours=hours):
+        yield from (moment, moment + timedelta(seconds=1), moment - timedelta(microseconds=1))
+        moment += step
+
+
+@pytest.mark.parametrize(("zone", "change"), DST_CHANGES)
+def test_next_slot_is_always_after_now_and_latest_at_or_before_it_across_dst(zone, change):
+    """The bug: inside a repeated hour the next slot of ``30 2 * * *`` was the first 02:30, already past."""
+    expressions = FIXED + (REAL_TIME if zone != "Australia/Lord_Howe" else [])
+    for expression in expressions:
+        timing = Cron(expression, zone)
+        for moment in moments_around(change):
+            following, latest = timing.next_after(moment), timing.latest_until(moment)
+            where = (expression, moment.isoformat(), following, latest)
+            assert following is not None and following > moment, where
+            assert latest is not None and latest <= moment, where
+            # Adjacent: no slot between the latest and the next (one walked forward, the other back).
+            assert timing.next_after(latest) == following, where
+            assert timing.latest_until(following - timedelta(microseconds=1)) == latest, where
+
+
+@pytest.mark.parametrize(("zone", "change"), DST_CHANGES)
+@pytest.mark.parametrize("expression", DAILY)
+def test_a_daily_fixed_time_has_one_slot_each_local_day_across_dst(zone, change, expression):
+    timing = Cron(expression, zone)
+    start, end = change - timedelta(days=2), change + timedelta(days=2)
+    forward = slots_between(timing, start, end, 100)
+    assert latest_slots(timing, start, end, 100) == forward
+    days = [slot.astimezone(ZoneInfo(zone)).date() for slot in forward]
+    assert len(days) == len(set(days)) >= 3
+    assert all(b - a == timedelta(days=1) for a, b in itertools.pairwise(days))
+
+
+def test_inside_berlins_repeated_hour_the_next_0230_is_tomorrows():
+    daily = Cron("30 2 * * *", "Europe/Berlin")
+    for minute in (0, 15, 29, 30, 45):  # 02:xx CET, the second pass of the hour
+        now = utc(2026, 10, 25, 1, minute)
+        assert daily.next_after(now) == utc(2026, 10, 26, 1, 30)
+        assert daily.latest_until(now) == utc(2026, 10, 25, 0, 30)  # the first pass's 02:30 CEST
+    assert daily.next_after(utc(2026, 10, 25, 0, 15)) == utc(2026, 10, 25, 0, 30)  # first pass: still to come
+
+
 # --- catch-up plans ----------------------------------------------------------------------
 
 

@@ -1,7 +1,9 @@
 """The scheduler against the database: firing, exactly once, catch-up, overlap, switches, DST, declarations."""
 
+import itertools
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.core import checks
@@ -217,6 +219,49 @@ def test_a_daily_0230_in_berlin_fires_once_on_the_fall_back_day(schedules):
     scheduler.run_once()
     walk(scheduler, clock, at(2026, 10, 26, 12), step=300)
     # 25 Oct: 02:30 CEST (the first of the two 02:30s) only; 26 Oct: 02:30 CET.
+    assert slots_sent("s-night") == ["2026-10-25T00:30:00+00:00", "2026-10-26T01:30:00+00:00"]
+
+
+NIGHTLY_ACROSS_DST = [
+    # (zone, expression, a noon two days before the change): the slot falls in the gap or the repeated hour.
+    pytest.param("Europe/Berlin", "30 2 * * *", at(2026, 10, 23, 10), id="Berlin-autumn"),
+    pytest.param("Europe/Berlin", "30 2 * * *", at(2026, 3, 27, 11), id="Berlin-spring"),
+    pytest.param("America/New_York", "30 1 * * *", at(2026, 10, 30, 16), id="New_York-autumn"),
+    pytest.param("America/New_York", "30 2 * * *", at(2026, 3, 6, 17), id="New_York-spring"),
+    pytest.param("Australia/Sydney", "30 2 * * *", at(2026, 4, 3, 1), id="Sydney-autumn"),
+    pytest.param("America/Santiago", "30 23 * * *", at(2026, 4, 2, 15), id="Santiago-autumn"),
+]
+
+
+@pytest.mark.parametrize(("zone", "expression", "start"), NIGHTLY_ACROSS_DST)
+def test_passes_through_a_dst_change_always_wait_for_a_later_slot_and_fire_each_night_once(
+    schedules, zone, expression, start
+):
+    """The bug: in the repeated hour the next slot was a past one, and every scheduler looped every 10 ms."""
+    schedules("nightly", cron=expression, timezone=zone, queue="s-night")
+    clock = Clock(start)
+    scheduler = Scheduler(clock=clock)
+    scheduler.run_once()
+    while clock.now < start + timedelta(days=4):
+        clock.advance(600)  # a pass every 10 minutes for four days
+        report = scheduler.run_once()
+        assert report.next_slot > report.now, (report.now, report.next_slot)
+    nights = [datetime.fromisoformat(slot).astimezone(ZoneInfo(zone)).date() for slot in slots_sent("s-night")]
+    assert len(nights) == 4 and all(b - a == timedelta(days=1) for a, b in itertools.pairwise(nights))
+
+
+@pytest.mark.parametrize("catch_up", ["latest", "all"])
+def test_a_scheduler_back_inside_the_repeated_hour_catches_up_that_nights_slot_once(schedules, catch_up):
+    """Down over Berlin's first 02:30 of 25 October 2026 (00:30 UTC), back at the second 02:10 (01:10 UTC)."""
+    schedules("nightly", cron="30 2 * * *", timezone="Europe/Berlin", queue="s-night", catch_up=catch_up)
+    clock = Clock(at(2026, 10, 24, 12))
+    scheduler = Scheduler(clock=clock)
+    walk(scheduler, clock, at(2026, 10, 25, 0), step=600)
+    clock.now = at(2026, 10, 25, 1, 10)
+    report = scheduler.run_once()
+    assert [(fired.slot, fired.trigger) for _, fired in report.fired] == [(at(2026, 10, 25, 0, 30), "catch-up")]
+    assert report.next_slot == at(2026, 10, 26, 1, 30)
+    walk(scheduler, clock, at(2026, 10, 26, 12), step=300)
     assert slots_sent("s-night") == ["2026-10-25T00:30:00+00:00", "2026-10-26T01:30:00+00:00"]
 
 

@@ -12,14 +12,18 @@ why that library). Its DST rules follow Debian's cron: a job at a fixed
 local time that falls into a spring-forward gap runs at the first moment
 after the gap; one that falls into the repeated hour of a fall-back runs
 once, at the first of the two; jobs with ``*`` in the minute or hour field
-follow real time (an hourly job runs 23 or 25 times that day).
+follow real time (an hourly job runs 23 or 25 times that day). cronsim
+walks a fixed time in wall-clock time, so asked from the second pass of a
+repeated hour it answers with that hour's first pass, already gone:
+:meth:`Cron.next_after` and :meth:`Cron.latest_until` correct for it, so the
+next slot is always later than the moment asked about (docs/schedules.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Protocol, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -110,24 +114,29 @@ class Cron:
         return ZoneInfo(self.timezone)
 
     def next_after(self, moment: datetime) -> datetime | None:
-        try:
-            return next(CronSim(expand(self.expression), moment.astimezone(self.zone))).astimezone(UTC)
-        except StopIteration:
-            return None
+        # cronsim walks a fixed-time expression in wall-clock time and places a
+        # slot of a repeated hour at its first pass: started in the second pass,
+        # it returns slots of that hour which are already past. Skip them.
+        for slot in CronSim(expand(self.expression), moment.astimezone(self.zone)):
+            if slot.astimezone(UTC) > moment:
+                return slot.astimezone(UTC)
+        return None
 
     def latest_until(self, moment: datetime) -> datetime | None:
         local = moment.astimezone(self.zone)
+        if local.fold:
+            # In the second pass of a repeated hour, every slot placed at that
+            # hour's first pass is already past, the later wall-clock times
+            # included: walk back from the end of the repeated hour instead.
+            repeated = cast(timedelta, local.replace(fold=0).utcoffset()) - cast(timedelta, local.utcoffset())
+            local = (moment + repeated).astimezone(self.zone)
         # cronsim walks backwards from the whole second below a time with
         # microseconds, that second included: so a slot at exactly ``moment`` counts.
         start = local if local.microsecond else local.replace(microsecond=1)
-        walk = CronSim(expand(self.expression), start, reverse=True)
-        try:
-            slot = next(walk).astimezone(UTC)
-            while slot > moment:  # never expected; a guard for cronsim's DST fix-ups
-                slot = next(walk).astimezone(UTC)
-        except StopIteration:
-            return None
-        return slot
+        for slot in CronSim(expand(self.expression), start, reverse=True):
+            if slot.astimezone(UTC) <= moment:
+                return slot.astimezone(UTC)
+        return None
 
     def describe(self) -> str:
         return f"cron {self.expression} ({self.timezone})"
