@@ -1,6 +1,8 @@
 """The example shop's own tests (example_project/tests), run as its users run them, on this database."""
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -38,3 +40,56 @@ def test_the_example_projects_tests_pass(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "6 passed" in done.stdout, done.stdout
+
+
+def test_the_demos_printed_commands_work_when_pasted(tmp_path):
+    """`tox -e demo` prints how to replay its dead letter and open the admin: pasted as printed, they work.
+
+    Always on SQLite, as `tox -e demo` runs it; the printed commands get no
+    DATABASE_URL or settings from this run, only what they say.
+    """
+    database = tmp_path / "demo.sqlite3"
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{database}", "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    for command in (["migrate", "--noinput", "--verbosity", "0"], ["demo"]):
+        done = subprocess.run(
+            [sys.executable, "manage.py", *command],
+            cwd=ROOT / "example_project",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    printed = done.stdout
+    dead_ids = re.findall(
+        r"^Message #(\d+) \(email, order-placed\) waits in the archive as a dead letter", printed, re.M
+    )
+    assert len(dead_ids) == 1, printed
+    assert "archive row" not in printed  # one id per message: the message's
+    (runserver,) = re.findall(r"^  (cd .* manage\.py runserver)$", printed, re.M)
+    (replay,) = re.findall(r"^  (cd .* manage\.py shell -c .*)$", printed, re.M)
+    (process,) = re.findall(r"^and process it: (cd .* --until-empty)$", printed, re.M)
+    assert "127.0.0.1:8000/admin/django_dbqueue/deadletter/" in printed
+    assert "log in as 'demo', password 'demo'" in printed
+
+    pasted = {key: value for key, value in env.items() if key not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
+
+    def paste(command: str) -> str:
+        done = subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=pasted, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, f"{command}\n{done.stdout}{done.stderr}"
+        return done.stdout
+
+    assert re.search(rf"^message {dead_ids[0]} replayed as message \d+$", paste(replay), re.M)
+    paste(process)
+    check = (
+        "from django.contrib.auth import authenticate; from django.urls import reverse; "
+        "from shop.models import EmailSent; "
+        'print(authenticate(username="demo", password="demo") is not None, '
+        'reverse("admin:django_dbqueue_deadletter_changelist"), '
+        'EmailSent.objects.filter(to="cy@example.com").count())'
+    )
+    shell = runserver.removesuffix("runserver") + "shell -c " + shlex.quote(check)
+    assert paste(shell).split()[-3:] == ["True", "/admin/django_dbqueue/deadletter/", "1"]

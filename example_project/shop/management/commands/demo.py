@@ -6,14 +6,21 @@ Part 2: orders saved with the transactional outbox, fanned out by topic
 address always fails, so a dead letter is left to fix and replay.
 Part 3: request/reply with a worker in another thread.
 Throughout: the lifecycle signals, counted.
+Last: the commands to replay the dead letter and to open the admin on this
+database, printed so that they work when pasted (this Python, this database).
 """
 
 import logging
+import os
+import shlex
+import sys
 import threading
 import time
 from collections import Counter
 from decimal import Decimal
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -24,6 +31,7 @@ from django_dbqueue.worker import QueueWorker, WorkerConfig
 from shop.models import EmailSent, Invoice, Order
 
 DEMO_QUEUES = ["emails", "email", "invoicing", "quotes"]
+DEMO_LOGIN = ("demo", "demo")  # an admin login on the example's own database, for looking around
 
 
 class Rollback(Exception):
@@ -50,6 +58,7 @@ class Command(BaseCommand):
             for signal in signals.SIGNALS.values():
                 signal.disconnect(dispatch_uid="shop-demo")
         self.stdout.write("\nSignals sent: " + ", ".join(f"{name} {heard[name]}" for name in signals.SIGNALS))
+        self.next_steps()
 
     def reset(self):
         Message.objects.filter(queue__in=DEMO_QUEUES).delete()
@@ -111,15 +120,7 @@ class Command(BaseCommand):
         self.archive_report(["email", "invoicing"])
         dead = ArchivedMessage.objects.dead().filter(queue="email").first()
         if dead is not None:
-            out(
-                f"\nMessage #{dead.message_id} waits in the archive as a dead letter (archive row {dead.pk}). "
-                "Fix the address and replay it from the admin "
-                "(Dead letters: 'Replay', or 'Edit and replay' to correct its payload), or:\n"
-                '  python manage.py shell -c "import django_dbqueue; from django_dbqueue.models import '
-                "ArchivedMessage; from shop.models import Order; "
-                "Order.objects.filter(number='A-1003').update(email='cy@example.com'); "
-                f'django_dbqueue.replay(ArchivedMessage.objects.get(pk={dead.pk}))"'
-            )
+            out(f"\nMessage #{dead.message_id} ({dead.queue}, {dead.kind}) waits in the archive as a dead letter.")
 
     # --- part 3 ----------------------------------------------------------------------
 
@@ -142,6 +143,34 @@ class Command(BaseCommand):
             thread.join(timeout=60)
         left = Message.objects.filter(queue__startswith="reply.").count()
         out(f"  reply queues left behind: {left}")
+
+    # --- what to do next -------------------------------------------------------------
+
+    def next_steps(self):
+        """Commands that work when pasted: this Python, this project's directory, this database."""
+        out = self.stdout.write
+        user, password = DEMO_LOGIN
+        users = get_user_model().objects
+        if not users.filter(username=user).exists():
+            users.create_superuser(user, f"{user}@example.com", password)
+        out(f"\nOpen the admin on the demo's data (log in as {user!r}, password {password!r}):")
+        out(f"  {manage_py('runserver')}")
+        out("  then http://127.0.0.1:8000/admin/django_dbqueue/deadletter/ (Ctrl-C stops the server)")
+        dead = ArchivedMessage.objects.dead().filter(queue="email").first()
+        if dead is not None:
+            code = (  # double quotes inside, so that the shell's single quotes wrap it whole
+                "import django_dbqueue; from django_dbqueue.models import ArchivedMessage; "
+                "from shop.models import Order; "
+                'Order.objects.filter(number="A-1003").update(email="cy@example.com"); '
+                f'row = ArchivedMessage.objects.dead().get(queue="{dead.queue}", message_id={dead.message_id}); '
+                'print("message", row.message_id, "replayed as message", django_dbqueue.replay(row, by="demo").pk)'
+            )
+            out(
+                f"\nFix message #{dead.message_id}'s address and replay it: in the admin (Dead letters: 'Replay', "
+                "or 'Edit and replay' to correct its payload), or with:"
+            )
+            out(f"  {manage_py('shell', '-c', code)}")
+            out(f"and process it: {manage_py('runqueueworker', 'email', '--until-empty')}")
 
     # --- helpers ---------------------------------------------------------------------
 
@@ -170,3 +199,11 @@ class Command(BaseCommand):
             error = f"  ({row.last_error.strip().splitlines()[-1]})" if row.last_error else ""
             queue = f"{row.queue:<10} " if len(queues) > 1 else ""
             out(f"  #{row.message_id:<4} {queue}{row.kind:<8} {row.outcome:<6} attempts={row.attempts}{error}")
+
+
+def manage_py(*arguments: str) -> str:
+    """A shell command running ``manage.py`` as this run did: same Python, directory and database."""
+    command = [sys.executable, "manage.py", *arguments]
+    url = os.environ.get("DATABASE_URL")  # unset: the settings' default, a file next to manage.py
+    database = f"DATABASE_URL={shlex.quote(url)} " if url else ""
+    return f"cd {shlex.quote(str(settings.BASE_DIR))} && {database}{shlex.join(command)}"
