@@ -68,6 +68,33 @@ def is_transient(exc: BaseException, using: str) -> bool:
     return False
 
 
+# Errors the server answered with: the statement failed and its transaction was rolled back.
+# Any other transient error may have lost the connection after the server did the work.
+MYSQL_ANSWERED_CODES = {1053, 1205, 1213, 2002, 2003}
+POSTGRES_ANSWERED_SQLSTATES = {"40001", "40P01", "57P03", "08001"}
+
+
+def outcome_unknown(exc: BaseException, using: str) -> bool:
+    """Whether a failed statement may have done its work unseen: the connection went before the answer came.
+
+    A COMMIT whose reply is lost committed or not; the client cannot tell.
+    A deadlock, a lock wait timeout or a refused connection is an answer:
+    nothing was done. SQLite has no connection to lose.
+    """
+    if isinstance(exc, InterfaceError):
+        return True
+    if not is_transient(exc, using):
+        return False
+    kind = connections[using].vendor
+    cause = exc.__cause__ or exc
+    if kind == "mysql":
+        code = cause.args[0] if cause.args and isinstance(cause.args[0], int) else None
+        return code not in MYSQL_ANSWERED_CODES
+    if kind == "postgresql":
+        return getattr(cause, "sqlstate", None) not in POSTGRES_ANSWERED_SQLSTATES
+    return False
+
+
 def lost_connection(using: str) -> bool:
     """Whether the connection is unusable and must be reopened before a retry."""
     connection = connections[using]

@@ -21,7 +21,7 @@ from ..conf import queue_options
 from ..db.clock import DbNow
 from ..db.errors import with_retries
 from ..exceptions import InvalidOption
-from . import events
+from . import events, landed
 from .archive import Outcome
 
 if TYPE_CHECKING:
@@ -72,7 +72,8 @@ class ConsumerActions:
         if retry and self.attempts_left():
             delay = backoff_delay(self)
             changes = {"lease_token": None, "available_at": DbNow(delay), "last_error": text}
-            if type(self).objects.update_leased(self, "fail", **changes):
+            landed_as = (self.claimed_by, self.attempts)
+            if type(self).objects.update_leased(self, "fail", landed_as=landed_as, **changes):
                 self.lease_token = None
                 self.last_error = text
                 events.failed(self, text, delay)
@@ -99,7 +100,8 @@ class ConsumerActions:
         changes: dict[str, Any] = {"lease_token": None, "available_at": DbNow(seconds)}
         if reason:
             changes["last_error"] = reason
-        done = type(self).objects.update_leased(self, "reject", **changes)
+        landed_as = (self.claimed_by, self.attempts)
+        done = type(self).objects.update_leased(self, "reject", landed_as=landed_as, **changes)
         if done:
             self.lease_token = None
             events.failed(self, reason or self.last_error, seconds)
@@ -129,7 +131,8 @@ class ConsumerActions:
             if refused is not None:
                 return self._finish(Outcome.DEAD, error=refused)
             changes["deferrals"] = F("deferrals") + 1
-        done = type(self).objects.update_leased(self, "snooze", **changes)
+        landed_as = (self.claimed_by, self.attempts - 1)
+        done = type(self).objects.update_leased(self, "snooze", landed_as=landed_as, **changes)
         if done:
             self.lease_token = None
             if count:
@@ -144,8 +147,17 @@ class ConsumerActions:
     def release(self: Message) -> bool:  # type: ignore[misc]
         """Give the message back unprocessed: it keeps its place, and the claim's attempt is not counted."""
         using = self._state.db or "default"
-        leased = type(self).objects.using(using).leased(self)
-        done = with_retries(using, lambda: leased.give_back(count_attempt=False) == 1, what=f"release {self.pk}")
+        live = type(self).objects.using(using)
+        leased = live.leased(self)
+
+        def change() -> bool:
+            return bool(leased.give_back(count_attempt=False) == 1)
+
+        def found() -> bool | None:
+            # A give-back empties the worker and, here, gives the claim's attempt back.
+            return landed.changed(live, self, worker="", attempts=self.attempts - 1) or None
+
+        done = with_retries(using, lambda: landed.guarded(using, self, change, found, False), what=f"release {self.pk}")
         if done:
             self.lease_token = None
         return done

@@ -16,7 +16,7 @@ import socket
 import uuid
 import warnings
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
@@ -28,10 +28,10 @@ from django.db.models.functions import Coalesce
 from .. import propagation, signals, validation
 from ..conf import database_for, get_settings, queue_options
 from ..db.clock import DbNow, db_now, insert_returns_expressions
-from ..db.errors import with_retries
+from ..db.errors import DATABASE_TROUBLE, outcome_unknown, with_retries
 from ..db.transactions import short_transaction, write_transaction
 from ..exceptions import InvalidOption, NotClaimed, UnknownOption
-from . import events, flow
+from . import events, flow, landed
 from .archive import ArchivedMessage, Outcome
 from .consuming import ConsumerActions
 from .reporting import HandlerReports
@@ -553,14 +553,37 @@ class MessageQuerySet(models.QuerySet["Message"]):
         using = database_for(names, self.db if self.chosen_db() else None)
         worker = worker or default_worker_name()
         manager = self.using(using)
-        claimed = with_retries(using, lambda: manager._claim(names, limit, timeout, worker), what="claim")
+        token = uuid.uuid4().hex
+        unsure: list[BaseException] = []
+
+        def run() -> Claimed:
+            if unsure:  # the last try lost its connection: did its claim commit?
+                leased = manager.claimed_under(token)
+                if leased:
+                    return leased
+            try:
+                return manager._claim(names, limit, timeout, worker, token)
+            except DATABASE_TROUBLE as exc:
+                if outcome_unknown(exc, using):
+                    unsure.append(exc)
+                raise
+
+        claimed = with_retries(using, run, what="claim")
         events.claimed(claimed, using, worker)
         return claimed
 
-    def _claim(self, queues: list[str], limit: int, timeout: float | None, worker: str) -> Claimed:
+    def claimed_under(self, token: str) -> Claimed:
+        """The messages a claim leased under ``token`` whose lease still holds, in claim order.
+
+        A claim whose COMMIT succeeded but whose reply was lost leased them:
+        its retry answers with them instead of leasing others.
+        """
+        rows = self.filter(lease_token=token, available_at__gt=DbNow()).order_by("priority", "first_available_at", "id")
+        return Claimed(rows)
+
+    def _claim(self, queues: list[str], limit: int, timeout: float | None, worker: str, token: str) -> Claimed:
         """One transaction (on PostgreSQL one statement per queue): see `statements.claim_rows`."""
         claimed = Claimed()
-        token = uuid.uuid4().hex
         controlled = any(queue_options(name).flow_controlled for name in queues)
         # One statement is a transaction of its own; several are wrapped in one.
         alone = len(queues) == 1 and claim_is_one_statement(self.db) and not controlled
@@ -582,11 +605,31 @@ class MessageQuerySet(models.QuerySet["Message"]):
                     claimed.retry_in = retry_in if claimed.retry_in is None else min(claimed.retry_in, retry_in)
         return claimed
 
-    def update_leased(self, message: Message, what: str, **changes: Any) -> bool:
-        """Change a message only while its lease holds; False if the lease was lost."""
+    def update_leased(
+        self, message: Message, what: str, *, landed_as: tuple[str, int] | None = None, **changes: Any
+    ) -> bool:
+        """Change a message only while its lease holds; False if the lease was lost.
+
+        ``landed_as``: the worker and attempts that a change giving the lease
+        up leaves on the row, by which a try whose reply was lost is known to
+        have landed (`landed`); None for a change that can be made twice.
+        """
         using = message._state.db or "default"
-        leased = self.using(using).leased(message)
-        return with_retries(using, lambda: leased.update(**changes) == 1, what=f"{what} message {message.pk}")
+        on = self.using(using)
+        leased = on.leased(message)
+
+        def change() -> bool:
+            return bool(leased.update(**changes) == 1)
+
+        def found() -> bool | None:
+            if landed_as is None:
+                return None
+            worker, attempts = landed_as
+            return landed.changed(on, message, worker=worker, attempts=attempts) or None
+
+        return with_retries(
+            using, lambda: landed.guarded(using, message, change, found, False), what=f"{what} message {message.pk}"
+        )
 
     def extend_leases(self, token: str, ids: list[int], seconds: float) -> int:
         """Push the leases of ``ids`` under ``token`` to ``seconds`` from now; a lease already lost stays lost."""
@@ -656,7 +699,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
         }[match]()
         archived: list[ArchivedMessage] = []
 
-        def run() -> bool:
+        def change() -> bool:
             archived.clear()
             with write_transaction(using):
                 # _raw_delete: one DELETE, no collector SELECT (nothing cascades from messages).
@@ -667,8 +710,22 @@ class MessageQuerySet(models.QuerySet["Message"]):
                     archived[0].save(using=using, force_insert=True)
                 return True
 
+        def found() -> bool | None:
+            if match not in ("lease", "token") or not self.using(using)._finished(message, outcome, row.get("worker")):
+                return None
+            stored = landed.finished_row(using, message, outcome, row.get("worker"))
+            archived[:] = [stored] if stored is not None else []
+            return True
+
+        def run() -> bool:
+            return landed.guarded(using, message, change, found, False)
+
         done = with_retries(using, run, what=f"{outcome} message {message.pk}")
         return done, (archived[0] if archived and done else None)
+
+    def _finished(self, message: Message, outcome: str, worker: str | None) -> bool:
+        """Whether ``message``'s lease finished it as ``outcome`` (`landed`)."""
+        return message.pk in landed.finished(self.db, self, [message], outcome, worker)
 
     def _finish_quietly(self, message: Message, outcome: str, row: Mapping[str, Any]) -> bool:
         """`finish` under the lease with nobody listening: hand-written, no archive row object built.
@@ -690,12 +747,18 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 "result": kept,
             }
         one_statement = archived is None or finish_is_one_statement(using)
+        on = self.using(using)
 
-        def run() -> bool:
+        def change() -> bool:
             with contextlib.nullcontext() if one_statement else short_transaction(using):
                 return finish_leased(using, message, outcome, archived)
 
-        return with_retries(using, run, what=f"{outcome} message {message.pk}")
+        def found() -> bool | None:
+            return on._finished(message, outcome, row.get("worker")) or None
+
+        return with_retries(
+            using, lambda: landed.guarded(using, message, change, found, False), what=f"{outcome} message {message.pk}"
+        )
 
     def ack_many(
         self, messages: Iterable[Message], *, worker: str | None = None, results: Mapping[int, Any] | None = None
@@ -744,14 +807,27 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 message.reported(count)
 
         archived = [m.pk for m in messages if queue_options(m.queue).archive]
+
+        def answered(write: Callable[[], set[int]]) -> set[int]:
+            # A try whose reply was lost may have acked them: what the database holds answers (.landed).
+            with landed.watching(using, messages):
+                owned = write()
+                missed = [m for m in messages if m.pk not in owned and landed.unsure(m)]
+                if missed:
+                    owned = owned | landed.finished(using, self, missed, Outcome.ACKED, worker)
+            landed.settled(messages)
+            return owned
+
         if ack_in_one_statement(using):
             return with_retries(
-                using, lambda: ack_leased(using, tokens, archived, worker, kept, notes), what="ack_many"
+                using,
+                lambda: answered(lambda: ack_leased(using, tokens, archived, worker, kept, notes)),
+                what="ack_many",
             )
 
         everyone = {m.pk for m in messages}
 
-        def run() -> set[int]:
+        def write() -> set[int]:
             # Every lease holds, almost always: acknowledge without locking first; else roll back and lock.
             try:
                 with short_transaction(using):
@@ -768,7 +844,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 delete_locked(using, owned)
             return owned
 
-        return with_retries(using, run, what="ack_many")
+        return with_retries(using, lambda: answered(write), what="ack_many")
 
     def expire_batch(self, limit: int) -> tuple[list[Message], list[ArchivedMessage]]:
         """Archive, as expired, up to ``limit`` messages past ``expires_at`` that nobody holds."""
