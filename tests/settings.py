@@ -42,7 +42,11 @@ if child_database:
 # and of topics across databases).
 queues = {**default, "TEST": {"MIRROR": "default"}}
 
-DATABASES = {"default": default, "queues": queues}
+# The same database again, which tests/support/proxy.py points at a fault-injecting
+# proxy for the tests that cut connections (tests/test_lost_replies.py).
+faulty = {**default, "TEST": {"MIRROR": "default"}}
+
+DATABASES = {"default": default, "queues": queues, "faulty": faulty}
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False

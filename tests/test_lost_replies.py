@@ -1,0 +1,330 @@
+"""Answers that are true after a lost connection (docs/reliability.md, "Lost connections").
+
+A connection that drops after a statement was sent leaves the client not
+knowing whether the work was done: the reply of a COMMIT that succeeded
+never arrives. Each test here puts a fault-injecting proxy
+(tests/support/proxy.py) between the queue and the real MariaDB or
+PostgreSQL server, runs an operation once to learn the statements it
+sends, then runs it again on fresh messages with the connection cut
+before, and then after, each of those statements in turn. After every cut:
+nothing lost, nothing archived twice, and the operation's answer is what
+the database holds (acked when the ack committed; "lease lost" only when
+the lease was). SQLite has no connection to cut; the read-back itself is
+tested on every database at the end of this file.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connections
+
+import django_dbqueue
+from django_dbqueue import signals
+from django_dbqueue.db.clock import DbNow
+from django_dbqueue.models import ArchivedMessage, Message, Outcome
+from django_dbqueue.models import landed as landed_module
+from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
+from tests.support.proxy import ALIAS, fault_proxy  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", ALIAS])
+
+QUEUE = "px"
+
+
+def shape(statement: str) -> str:
+    """The part of a statement that names it and holds no value (ids, tokens and times differ per run)."""
+    return re.match(r"[^'\d$%]*", statement).group(0)[:80].strip()  # type: ignore[union-attr]
+
+
+def fresh_connection() -> None:
+    connections[ALIAS].close()
+    connections[ALIAS].ensure_connection()
+
+
+def claim(n: int = 1, queue: str = QUEUE, **options: Any) -> list[Message]:
+    """Enqueue ``n`` messages and claim them through the proxied alias (no fault armed)."""
+    for i in range(n):
+        django_dbqueue.enqueue(queue, {"i": i}, **options)
+    claimed = Message.objects.using(ALIAS).claim(queue, n, visibility_timeout=300, worker="w-proxy")
+    assert len(claimed) == n
+    return claimed
+
+
+def archived(message: Message) -> list[ArchivedMessage]:
+    return list(ArchivedMessage.objects.filter(message_id=message.pk))
+
+
+def live(message: Message) -> Message | None:
+    return Message.objects.filter(pk=message.pk).first()
+
+
+def finished_once(message: Message, outcome: str) -> None:
+    """Archived exactly once, as ``outcome``, and gone from the live table."""
+    rows = archived(message)
+    assert [row.outcome for row in rows] == [outcome], rows
+    assert live(message) is None
+
+
+# --- the operations, each: prepare() -> state, run(state) -> answer, check(state, answer) -------------
+
+
+@dataclass
+class Operation:
+    prepare: Any
+    run: Any
+    check: Any
+
+
+def check_claim(state: None, answer: list[Message]) -> None:
+    # Exactly one claim of the one message: leased under the token the caller got, its first attempt.
+    (message,) = answer
+    row = live(message)
+    assert row is not None and row.lease_token == message.lease_token and row.attempts == 1
+    assert Message.objects.count() == 1
+
+
+def check_ack(message: Message, answer: bool) -> None:
+    assert answer is True
+    finished_once(message, Outcome.ACKED)
+
+
+def check_ack_unarchived(message: Message, answer: bool) -> None:
+    # ARCHIVE off: no row to read back; gone while the lease held is acked by it.
+    assert answer is True
+    assert live(message) is None and archived(message) == []
+
+
+def check_ack_many(messages: list[Message], answer: list[bool]) -> None:
+    assert answer == [True] * len(messages)
+    for message in messages:
+        finished_once(message, Outcome.ACKED)
+
+
+def check_fail(message: Message, answer: bool) -> None:
+    assert answer is True
+    row = live(message)
+    assert row is not None and row.lease_token is None and row.attempts == 1 and "boom" in row.last_error
+    assert archived(message) == []
+
+
+def check_dead(message: Message, answer: bool) -> None:
+    assert answer is True
+    finished_once(message, Outcome.DEAD)
+
+
+def check_snooze(message: Message, answer: bool) -> None:
+    assert answer is True
+    row = live(message)
+    assert row is not None and row.lease_token is None and row.attempts == 0 and row.deferrals == 1
+    assert archived(message) == []
+
+
+def check_extend(message: Message, answer: bool) -> None:
+    assert answer is True
+    row = live(message)
+    assert row is not None and row.lease_token == message.lease_token
+    assert row.available_at > message.available_at + timedelta(seconds=300)
+
+
+def check_release(message: Message, answer: bool) -> None:
+    assert answer is True
+    row = live(message)
+    assert row is not None and row.lease_token is None and row.attempts == 0 and row.claimed_by == ""
+
+
+OPERATIONS = {
+    "claim": Operation(
+        lambda: django_dbqueue.enqueue(QUEUE, {}) and None,
+        lambda _: Message.objects.using(ALIAS).claim(QUEUE, 5, visibility_timeout=300, worker="w-proxy"),
+        check_claim,
+    ),
+    "ack": Operation(lambda: claim()[0], lambda m: m.ack(), check_ack),
+    "ack, no archive": Operation(lambda: claim(queue="no-archive")[0], lambda m: m.ack(), check_ack_unarchived),
+    "ack_many": Operation(lambda: claim(3), lambda ms: Message.objects.ack_many(ms, worker="w-proxy"), check_ack_many),
+    "fail": Operation(lambda: claim()[0], lambda m: m.fail("boom"), check_fail),
+    "fail, dead": Operation(lambda: claim(max_attempts=1)[0], lambda m: m.fail("boom"), check_dead),
+    "snooze": Operation(lambda: claim()[0], lambda m: m.snooze(delay=60), check_snooze),
+    "heartbeat": Operation(lambda: claim()[0], lambda m: m.extend_lease(900), check_extend),
+    "release": Operation(lambda: claim()[0], lambda m: m.release(), check_release),
+}
+
+
+def rehearse(proxy, operation: Operation) -> list[str]:
+    """The statements ``operation`` sends, in order, with no fault."""
+    state = operation.prepare()
+    fresh_connection()
+    proxy.forget()
+    answer = operation.run(state)
+    operation.check(state, answer)
+    statements = proxy.recorded()
+    Message.objects.all().delete()
+    ArchivedMessage.objects.all().delete()
+    return statements
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("name", list(OPERATIONS))
+def test_a_connection_cut_at_any_statement_gives_the_true_answer(fault_proxy, name, when):  # noqa: F811
+    operation = OPERATIONS[name]
+    statements = rehearse(fault_proxy, operation)
+    assert statements, "the operation sent nothing through the proxy"
+    for index, statement in enumerate(statements):
+        named = shape(statement)
+        occurrence = sum(1 for earlier in statements[: index + 1] if named in earlier)
+        state = operation.prepare()
+        fresh_connection()
+        rule = fault_proxy.cut(named, when=when, occurrence=occurrence)
+        answer = operation.run(state)
+        assert rule.fired.is_set(), f"no cut at statement {index} ({named!r}): it was not sent again"
+        try:
+            operation.check(state, answer)
+        except AssertionError as exc:
+            raise AssertionError(f"cut {when} statement {index} of {len(statements)}: {statement[:200]!r}") from exc
+        fault_proxy.disarm()
+        Message.objects.all().delete()
+        ArchivedMessage.objects.all().delete()
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_signalled_finish_after_a_lost_reply_is_announced_once(fault_proxy, when):  # noqa: F811
+    """With a receiver connected, a finish goes through the ORM; its signal goes out once, with the row."""
+    heard = []
+
+    def receiver(sender, message, archived, **kwargs):
+        heard.append((message.pk, archived.pk if archived is not None else None))
+
+    signals.message_acked.connect(receiver, weak=False)
+    try:
+        for statement in ("dbqueue_archive", "COMMIT"):
+            message = claim()[0]
+            fresh_connection()
+            fault_proxy.cut(statement, when=when)
+            assert message.ack() is True
+            fault_proxy.disarm()
+            finished_once(message, Outcome.ACKED)
+            (row,) = archived(message)
+            assert heard == [(message.pk, row.pk)]
+            heard.clear()
+    finally:
+        signals.message_acked.disconnect(receiver)
+
+
+@pytest.mark.parametrize("operation", ["ack", "ack_many", "fail", "snooze", "release"])
+def test_a_lease_that_really_ran_out_is_still_lost_after_a_cut(fault_proxy, operation):  # noqa: F811
+    """The read-back never claims work it did not do: a lease that ran out before the cut is "lease lost"."""
+    message = claim()[0]
+    Message.objects.filter(pk=message.pk).update(available_at=DbNow(-1))
+    fresh_connection()
+    fault_proxy.cut("dbqueue_message", when="after")
+    run = {
+        "ack": lambda: message.ack(),
+        "ack_many": lambda: Message.objects.ack_many([message])[0],
+        "fail": lambda: message.fail("boom"),
+        "snooze": lambda: message.snooze(delay=60),
+        "release": lambda: message.release(),
+    }[operation]
+    assert run() is False
+    row = live(message)
+    assert row is not None and row.lease_token == message.lease_token and archived(message) == []
+
+
+# --- a worker whose connection is cut ------------------------------------------------------------------
+
+
+WORKER_CUTS = {
+    # (statement, following): the claim's or the acknowledgement's last statement on each database.
+    ("mysql", "claim"): ("COMMIT", "UPDATE `dbqueue_message` SET `lease_token`"),
+    ("mysql", "ack"): ("COMMIT", "dbqueue_archive"),
+    ("postgresql", "claim"): ("WITH picked AS", None),
+    ("postgresql", "ack"): ("dbqueue_archive", None),
+}
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("step", ["claim", "ack"])
+def test_a_worker_whose_connection_is_cut_goes_on_and_loses_nothing(fault_proxy, settings, handler, caplog, step, when):  # noqa: F811
+    settings.DBQUEUE = {**settings.DBQUEUE, "QUEUES": {**settings.DBQUEUE["QUEUES"], "px-w": {"DATABASE": ALIAS}}}
+    runs = Counter()
+    lock = threading.Lock()
+
+    @handler("px-w")
+    def count(message):
+        with lock:
+            runs[message.pk] += 1
+
+    sent = [django_dbqueue.enqueue("px-w", {"i": i}) for i in range(12)]
+    statement, following = WORKER_CUTS[(connections["default"].vendor, step)]
+    rule = fault_proxy.cut(statement, when=when, following=following)
+    status = QueueWorker(
+        WorkerConfig(queues=["px-w"], until_empty=True, max_runtime=60, batch_size=4, concurrency=1)
+    ).run()
+    assert rule.fired.is_set()
+    assert status == ExitStatus.OK
+    for message in sent:
+        finished_once(message, Outcome.ACKED)
+    assert set(runs) == {m.pk for m in sent}
+    assert max(runs.values()) == 1, runs  # no handler ran twice: the claim's and the ack's answers were true
+    assert "lease lost" not in caplog.text  # an ack that committed is not reported as lost
+
+
+# --- the read-back itself, on every database ---------------------------------------------------------
+
+
+def mark_unsure(*messages: Message) -> None:
+    for message in messages:
+        message.__dict__[landed_module.UNSURE] = True
+
+
+@pytest.mark.parametrize(
+    "operation",
+    ["ack", "ack_many", "fail", "dead", "snooze", "release"],
+)
+def test_an_unsure_change_that_landed_is_answered_from_the_database(operation):
+    """The second try of a change whose first try landed (its reply lost, as marked) answers True; unmarked, False."""
+    django_dbqueue.enqueue("px", {})
+    (message,) = Message.objects.claim("px", 1, worker="w-1")
+    if operation == "dead":
+        message.max_attempts = 1
+        Message.objects.filter(pk=message.pk).update(max_attempts=1)
+    run = {
+        "ack": lambda: message.ack(),
+        "ack_many": lambda: Message.objects.ack_many([message])[0],
+        "fail": lambda: message.fail("boom"),
+        "dead": lambda: message.fail("boom"),
+        "snooze": lambda: message.snooze(delay=60),
+        "release": lambda: message.release(),
+    }[operation]
+    before = message.__dict__.copy()
+    assert run() is True
+    message.__dict__.update(before)  # the object as it was when the first try's reply was lost
+    assert run() is False  # not marked: a repeated change is refused, as before
+    mark_unsure(message)
+    assert run() is True
+    assert not landed_module.unsure(message)
+
+
+def test_an_unsure_change_that_did_not_land_is_lease_lost():
+    """Another worker's later lease, or the reaper's give-back, is not mistaken for this lease's change."""
+    django_dbqueue.enqueue("px", {})
+    (message,) = Message.objects.claim("px", 1, worker="w-1")
+    Message.objects.filter(pk=message.pk).update(available_at=DbNow(-1))
+    (again,) = Message.objects.claim("px", 1, worker="w-2")
+    assert again.ack() is True
+    mark_unsure(message)
+    assert message.ack() is False
+    assert Message.objects.ack_many([message]) == [False]
+
+    django_dbqueue.enqueue("px", {})
+    (other,) = Message.objects.claim("px", 1, worker="w-1")
+    Message.objects.release_from("w-1")  # the reaper takes w-1 for dead: its lease is given back, attempt counted
+    mark_unsure(other)
+    assert other.fail("boom") is False
+    assert other.snooze(delay=5) is False
+    assert other.release() is False
