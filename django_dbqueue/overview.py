@@ -7,6 +7,7 @@ format it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,6 +19,7 @@ from . import handlers
 from .conf import get_settings
 from .db.clock import db_now
 from .models import ArchivedMessage, Message, Outcome, QueueStat, QueueState, Worker, flow
+from .schedules.status import ScheduleStatus
 
 HOURS = 24
 RUNNING_SHOWN = 20  # in-flight messages with progress listed, longest running first
@@ -273,9 +275,21 @@ def format_age(age: timedelta | None) -> str:
     return f"{seconds}s"
 
 
+def aligned(table: Sequence[Sequence[str]], indent: str = "") -> list[str]:
+    """The rows of ``table`` as lines, each column padded to its widest cell, two spaces between."""
+    widths = [max(len(row[n]) for row in table) for n in range(len(table[0]))]
+    return [
+        indent + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in table
+    ]
+
+
 def as_table(overview: Overview) -> str:
     """The overview as plain text for a terminal."""
-    lines = [f"Queues at {overview.now:%Y-%m-%d %H:%M:%S} UTC (per hour from the {overview.per_hour_source})", ""]
+    lines = [
+        f"Queues at {overview.now:%Y-%m-%d %H:%M:%S} UTC "
+        f"(acked and dead over the last 24 hours, from the {overview.per_hour_source})",
+        "",
+    ]
     header = ("queue", "ready", "scheduled", "in flight", "dead", "oldest ready", "acked/24h", "dead/24h", "")
     table = [header]
     for q in overview.queues:
@@ -295,9 +309,7 @@ def as_table(overview: Overview) -> str:
     if len(table) == 1:
         lines.append("no queues yet")
     else:
-        widths = [max(len(row[n]) for row in table) for n in range(len(header))]
-        for row in table:
-            lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        lines += aligned(table)
     if overview.flow:
         lines += ["", "Flow control"]
         for f in overview.flow:
@@ -320,3 +332,16 @@ def as_table(overview: Overview) -> str:
             flag = "  CANCEL REQUESTED" if r.cancel_requested else ""
             lines.append(f"  #{r.id} {r.queue}/{r.kind or '-'}  {progress}  for {format_age(r.running_for)}{flag}")
     return "\n".join(lines)
+
+
+def schedules_table(statuses: list[ScheduleStatus]) -> str:
+    """The schedules as plain text for a terminal (``queuestats``), one aligned column per field."""
+    rows = []
+    for status in statuses:
+        when = f"next {status.next_slot:%Y-%m-%d %H:%M:%S}" if status.next_slot is not None else "never"
+        last = "no run yet"
+        if status.last_slot is not None:
+            sent = f"message {status.last_message_id} {status.last_outcome}" if status.last_message_id else "skipped"
+            last = f"last {status.last_slot:%Y-%m-%d %H:%M:%S} ({status.last_trigger}): {sent}"
+        rows.append((status.name, status.timing, f"-> {status.queue}", when, last, status.state.upper()))
+    return "\n".join(["", f"Schedules ({len(statuses)})", *aligned(rows, indent="  ")])

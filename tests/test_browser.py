@@ -5,13 +5,20 @@ and ``DBQUEUE_CHROMEDRIVER`` override the Debian paths); the worker is a
 real ``runqueueworker`` process. With ``DBQUEUE_SCREENSHOT=path.png`` the
 test also saves the queues' overview page there (docs/images/overview.png
 is made so).
+
+The breadcrumbs test is not marked slow, so that it runs on every Django the
+suite covers (5.2 and 6.1 mark breadcrumbs up differently); it saves a
+screenshot per page, named by page and Django version, in its tmp_path or
+in ``DBQUEUE_SCREENSHOT_DIR``.
 """
 
 import os
 import shutil
 import signal
 from datetime import timedelta
+from pathlib import Path
 
+import django
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
@@ -21,7 +28,7 @@ from django_dbqueue.models import ArchivedMessage, Message, Outcome
 from tests.support.factories import ArchivedMessageFactory, MessageFactory, WorkerFactory
 from tests.support.processes import read_marks, start_worker, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 CHROMIUM = os.environ.get("DBQUEUE_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("DBQUEUE_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -105,6 +112,7 @@ def log_in(driver, live_server, next_path: str) -> None:
     navigate(driver, driver.find_element("css selector", "input[type=submit]"))
 
 
+@pytest.mark.slow
 def test_replay_a_dead_letter_and_watch_a_worker_process_it(browser, live_server, tmp_path):
     django_dbqueue.enqueue("w-ok", {"to": "ada@example.com", "note": XSS}, kind="welcome")
     [message] = Message.objects.claim("w-ok")
@@ -171,6 +179,7 @@ def history(now) -> None:
     WorkerFactory(name="web-2:977:d4e5f6", hostname="web-2", queues=["invoices"], stale=True, processed=87)
 
 
+@pytest.mark.slow
 def test_overview_page_pause_and_resume(browser, live_server, settings, monkeypatch):
     # Only this test's queues: none from the test settings or the test app's handlers.
     settings.DBQUEUE = {}
@@ -191,3 +200,55 @@ def test_overview_page_pause_and_resume(browser, live_server, settings, monkeypa
     assert "paused" in browser.find_element("css selector", 'tr[data-queue="invoices"]').text
     navigate(browser, browser.find_element("css selector", 'tr[data-queue="invoices"] button'))
     assert "Queue invoices resumed." in text_of(browser, "ul.messagelist")
+
+
+# Measured in the page: the crumbs' boxes, whether any shows a list marker, the trail's height.
+BREADCRUMB_LAYOUT = """
+const trail = document.querySelector("nav .breadcrumbs");
+const crumbs = [...trail.querySelectorAll("a")];
+const items = [...trail.querySelectorAll("li")];
+return {
+    tag: trail.tagName.toLowerCase(),
+    texts: items.length ? items.map(li => li.textContent.trim())
+                        : trail.textContent.split("\u203a").map(t => t.trim()).filter(Boolean),
+    tops: crumbs.map(a => Math.round(a.getBoundingClientRect().top)),
+    markers: items.filter(li => getComputedStyle(li).display === "list-item"
+                                && getComputedStyle(li).listStyleType !== "none").length,
+    height: Math.round(trail.getBoundingClientRect().height),
+};
+"""
+
+
+def test_the_queue_admins_pages_have_the_stock_admins_breadcrumbs(browser, live_server, tmp_path):
+    """The Queues and edit-and-replay pages lay their breadcrumbs out as the stock change page does.
+
+    Measured, not looked at: every crumb on one line, no list markers, and
+    the trail as tall as on the stock page, on this Django (5.2 marks
+    them up as a div, 6.0 on as a list).
+    """
+    dead = ArchivedMessageFactory(queue="emails", outcome=Outcome.DEAD, payload={"to": "ada@example.com"})
+    log_in(browser, live_server, "/admin/")
+    shots = Path(os.environ.get("DBQUEUE_SCREENSHOT_DIR") or tmp_path)
+    version = f"django{django.VERSION[0]}.{django.VERSION[1]}"
+    pages = {
+        "stock-change": f"/admin/django_dbqueue/deadletter/{dead.pk}/change/",  # the yardstick
+        "overview": "/admin/django_dbqueue/queuestate/",
+        "edit-and-replay": f"/admin/django_dbqueue/deadletter/{dead.pk}/edit-and-replay/",
+    }
+    layout = {}
+    for page, path in pages.items():
+        browser.get(f"{live_server.url}{path}")
+        layout[page] = browser.execute_script(BREADCRUMB_LAYOUT)
+        browser.save_screenshot(str(shots / f"breadcrumbs-{page}-{version}.png"))
+
+    stock = layout["stock-change"]
+    assert stock["markers"] == 0 and len(set(stock["tops"])) == 1, stock  # the yardstick itself is one line
+    assert layout["overview"]["texts"] == ["Home", "Database queue", "Queues"], layout["overview"]
+    assert layout["edit-and-replay"]["texts"][-3:] == ["Dead letters", str(dead), "Edit and replay"]
+    for page in ("overview", "edit-and-replay"):
+        found = layout[page]
+        assert found["markers"] == 0, f"{page}: its crumbs show list markers (a numbered list)"
+        assert len(set(found["tops"])) == 1, f"{page}: its crumbs are on several lines: {found['tops']}"
+        assert abs(found["height"] - stock["height"]) <= 2, (
+            f"{page}: {found['height']}px tall, stock {stock['height']}px"
+        )

@@ -49,3 +49,19 @@ def test_queuestats_lists_the_schedules(schedules):
     [entry] = json.loads(run("queuestats", "--json"))["schedules"]
     assert (entry["name"], entry["state"], entry["timing"]) == ("tick", "enabled", "every 1h")
     assert entry["next_slot"].endswith(":00:00+00:00") and entry["last_outcome"] == ""
+
+
+def test_queuestats_aligns_the_schedules_columns(schedules):
+    schedules("tick", every=3600, queue="s-tick")
+    schedules("a-much-longer-name", every=7200, queue="s-tick-longer")
+    run("runqueueschedules", "--once")
+    text = run("queuestats")
+    lines = text[text.index("Schedules (2)") :].splitlines()[1:3]
+    assert [line.split()[0] for line in lines] == ["a-much-longer-name", "tick"]
+    for column in ("every", "-> ", "next ", "ENABLED"):
+        assert len({line.index(column) for line in lines}) == 1, (column, lines)
+
+
+def test_queuestats_says_its_figures_cover_24_hours():
+    header = run("queuestats").splitlines()[0]
+    assert "acked and dead over the last 24 hours" in header and "per hour" not in header

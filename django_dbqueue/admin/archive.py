@@ -14,11 +14,12 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.text import capfirst
 
 from .. import control
 from ..exceptions import DbQueueError
 from ..models import ArchivedMessage, DeadLetter, Message
-from .base import ReadOnlyQueueAdmin, flat, full_text, pretty_json, shown
+from .base import ReadOnlyQueueAdmin, breadcrumbs, flat, full_text, pretty_json, shown
 from .filters import KindFilter, QueueFilter
 
 
@@ -168,6 +169,12 @@ class DeadLetterAdmin(ArchiveAdmin):
             **self.admin_site.each_context(request),
             "title": f"Edit and replay {row}",
             "opts": self.opts,
+            **breadcrumbs(
+                self.opts,
+                (str(capfirst(self.opts.verbose_name_plural)), reverse("admin:django_dbqueue_deadletter_changelist")),
+                (str(row), reverse("admin:django_dbqueue_deadletter_change", args=[row.pk])),
+                ("Edit and replay", None),
+            ),
             "original": row,
             "form": form,
             "last_error": full_text(row.last_error),

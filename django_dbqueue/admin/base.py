@@ -8,8 +8,10 @@ controls, never by saving a form or updating a queryset.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from django.contrib import admin, messages
@@ -19,6 +21,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext
 from django.views.decorators.http import require_POST
 
 from ..exceptions import DbQueueError
@@ -289,3 +292,21 @@ class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, ModelAdmin[Row], Gene
         if len(refused) > limit:
             self.message_user(request, f"Refused {len(refused) - limit} more.", messages.ERROR)
         return results
+
+
+@functools.cache
+def breadcrumbs_are_a_list() -> bool:
+    """Whether the running Django's admin marks breadcrumbs up as ``<ol><li>`` (6.0 on) or as a ``<div>`` (5.2).
+
+    Read from the admin's own base template, so that pages here match
+    the stock pages around them whatever the version.
+    """
+    stock = Path(admin.__file__).parent / "templates" / "admin" / "base.html"
+    return '<ol class="breadcrumbs">' in stock.read_text(encoding="utf-8")
+
+
+def breadcrumbs(opts: Any, *crumbs: tuple[str, str | None]) -> dict[str, Any]:
+    """Context for ``admin/django_dbqueue/breadcrumbs.html``: Home, the app, then ``crumbs`` (label, url or None)."""
+    app = reverse("admin:app_list", kwargs={"app_label": opts.app_label})
+    trail = [(gettext("Home"), reverse("admin:index")), (str(opts.app_config.verbose_name), app), *crumbs]
+    return {"dbqueue_breadcrumbs": trail, "dbqueue_breadcrumbs_are_a_list": breadcrumbs_are_a_list()}

@@ -17,7 +17,7 @@ from ..conf import database_for
 from ..exceptions import DbQueueError
 from ..models import QueueState
 from ..overview import Overview, build_overview, format_age
-from .base import ModelAdmin, NoEditForms, OperatorPermissions, progress_bar
+from .base import ModelAdmin, NoEditForms, OperatorPermissions, breadcrumbs, progress_bar
 from .charts import Series, hourly_bars
 
 
@@ -82,6 +82,7 @@ class QueueOverviewAdmin(NoEditForms, OperatorPermissions, ModelAdmin[QueueState
             **self.admin_site.each_context(request),
             "title": "Queues",
             "opts": self.opts,
+            **breadcrumbs(self.opts, ("Queues", None)),
             "overview": overview,
             "rows": rows,
             "workers": workers,

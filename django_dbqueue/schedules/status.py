@@ -87,16 +87,3 @@ def message_outcomes(using: str, ids: list[int]) -> dict[int, str]:
     for message_id, outcome in archived.order_by("id").values_list("message_id", "outcome"):
         found[message_id] = outcome  # the newest row wins
     return found
-
-
-def schedules_table(statuses: list[ScheduleStatus]) -> str:
-    """The schedules as plain text for a terminal (``queuestats``)."""
-    lines = ["", f"Schedules ({len(statuses)})"]
-    for status in statuses:
-        when = f"next {status.next_slot:%Y-%m-%d %H:%M:%S}" if status.next_slot is not None else "never"
-        last = "no run yet"
-        if status.last_slot is not None:
-            sent = f"message {status.last_message_id} {status.last_outcome}" if status.last_message_id else "skipped"
-            last = f"last {status.last_slot:%Y-%m-%d %H:%M:%S} ({status.last_trigger}): {sent}"
-        lines.append(f"  {status.name}  {status.timing}  -> {status.queue}  {when}  {last}  {status.state.upper()}")
-    return "\n".join(lines)

@@ -8,8 +8,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_dbqueue.management.arguments import add_database_argument
-from django_dbqueue.overview import as_table, build_overview
-from django_dbqueue.schedules.status import schedule_statuses, schedules_table
+from django_dbqueue.overview import as_table, build_overview, schedules_table
+from django_dbqueue.schedules.status import schedule_statuses
 
 
 class Command(BaseCommand):
