@@ -105,8 +105,21 @@ DBQUEUE = {
         "fc-rate": {"RATE_LIMIT": "50/s"},
         "fc-rate-group": {"RATE_LIMIT": "5/s per group"},
         "fc-rate-slow": {"RATE_LIMIT": "3/m"},
+        # The stateful property test (tests/test_properties.py): every time a multiple of 30 s, no jitter.
+        **{
+            name: {"BACKOFF_BASE": 30, "BACKOFF_JITTER": 0, "VISIBILITY_TIMEOUT": 60, "MAX_ATTEMPTS": 3, **rules}
+            for name, rules in {
+                "pp-plain": {},
+                "pp-groups": {"GROUP_CONCURRENCY": 2, "KIND_GROUP_CONCURRENCY": {"solo": 1}},
+                "pp-fifo": {"ORDERED": True, "MAX_DEFERRALS": 2},
+                "pp-rate": {"RATE_LIMIT": "3/m"},
+                "pp-rate-group": {"RATE_LIMIT": "2/m per group"},
+                "pp-groups-rate": {"GROUP_CONCURRENCY": 1, "RATE_LIMIT": "2/m per group"},
+                "pp-fifo-rate": {"ORDERED": True, "RATE_LIMIT": "1/m per group"},
+            }.items()
+        },
     },
-    "TOPICS": {"t-orders": ["t-email", "t-invoicing"]},
+    "TOPICS": {"t-orders": ["t-email", "t-invoicing"], "pp-news": ["pp-fifo", "pp-plain"]},
 }
 
 # Schedules for the processes a test starts (runqueueschedules, runqueueworker):
