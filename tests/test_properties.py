@@ -86,7 +86,7 @@ TOPIC_QUEUES = ["pp-fifo", "pp-plain"]
 PROFILES = {
     # name: (max_examples, stateful_step_count) per database vendor
     "ci": {"sqlite": (25, 30), "mysql": (15, 30), "postgresql": (15, 30)},
-    "long": {"sqlite": (300, 60), "mysql": (300, 60), "postgresql": (300, 60)},
+    "long": {"sqlite": (200, 50), "mysql": (200, 50), "postgresql": (200, 50)},
 }
 PROFILE = os.environ.get("DBQUEUE_PROPERTIES", "ci")
 
