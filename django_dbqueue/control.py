@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import signals, validation
+from .db.errors import with_retries
 from .exceptions import DbQueueError
 from .models import ArchivedMessage, Message, Outcome, QueueState, events
 from .operations import build_message, finish
@@ -78,7 +79,7 @@ def cancel(message: Message | int, *, by: str = "", using: str = "default") -> C
     for _ in range(CANCEL_ROUNDS):
         if manager.request_cancel(pk):
             return CancelResult.REQUESTED
-        live = manager.filter(pk=pk).first()
+        live = with_retries(using, manager.filter(pk=pk).first, what=f"cancel message {pk}")
         if live is None:
             return CancelResult.GONE
         if finish(live, Outcome.CANCELLED, match="idle", worker=by, error=error):

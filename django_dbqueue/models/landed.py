@@ -13,6 +13,8 @@ the answer comes from what the database holds:
   the message shares: a later claim can only start after this lease ended,
   at a later time. With the finisher's name and the outcome, that row is
   this lease's finish and nobody else's (the reaper signs as ``reaper``).
+  An operator's cancel of a message nobody runs is read back the same way
+  (its claim time is the one the cancel read, or none).
   A queue with ``ARCHIVE`` off keeps no row of an ack: there a message
   gone from the live table while this lease had not run out was acked by
   it, since nobody else may take a held message.

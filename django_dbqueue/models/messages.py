@@ -573,7 +573,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
         return claimed
 
     def claimed_under(self, token: str) -> Claimed:
-        """The messages a claim leased under ``token`` whose lease still holds, in claim order.
+        """The messages a claim leased under ``token`` whose lease still holds, in the claim index's order.
 
         A claim whose COMMIT succeeded but whose reply was lost leased them:
         its retry answers with them instead of leasing others.
@@ -711,7 +711,8 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 return True
 
         def found() -> bool | None:
-            if match not in ("lease", "token") or not self.using(using)._finished(message, outcome, row.get("worker")):
+            # Message ids are never reused: this id, claim time, outcome and finisher are this call's row.
+            if not self.using(using)._finished(message, outcome, row.get("worker")):
                 return None
             stored = landed.finished_row(using, message, outcome, row.get("worker"))
             archived[:] = [stored] if stored is not None else []
