@@ -2,6 +2,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
+from tests.support.proxy import fault_proxy  # noqa: F401  (a fixture: a proxy that cuts connections)
 from tests.support.schedules import schedules  # noqa: F401  (a fixture: code declarations made in a test go away)
 
 # The package's pytest plugin comes through its entry point once installed;

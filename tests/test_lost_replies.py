@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,14 +25,18 @@ from typing import Any
 
 import pytest
 from django.db import connections
+from django.db.utils import OperationalError
 
 import django_dbqueue
 from django_dbqueue import signals
+from django_dbqueue.control import CancelResult, cancel
+from django_dbqueue.db import errors
 from django_dbqueue.db.clock import DbNow
+from django_dbqueue.db.errors import DATABASE_TROUBLE
 from django_dbqueue.models import ArchivedMessage, Message, Outcome
 from django_dbqueue.models import landed as landed_module
 from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
-from tests.support.proxy import ALIAS, fault_proxy  # noqa: F401  (a fixture)
+from tests.support.proxy import ALIAS
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", ALIAS])
 
@@ -139,6 +144,22 @@ def check_release(message: Message, answer: bool) -> None:
     assert row is not None and row.lease_token is None and row.attempts == 0 and row.claimed_by == ""
 
 
+def check_cancel(message: Message, answer: str) -> None:
+    assert answer == CancelResult.ARCHIVED
+    finished_once(message, Outcome.CANCELLED)
+
+
+def check_cancel_running(message: Message, answer: str) -> None:
+    assert answer == CancelResult.REQUESTED
+    row = live(message)
+    assert row is not None and row.cancel_requested_at is not None and row.lease_token == message.lease_token
+
+
+def waiting() -> Message:
+    """A message nobody runs, read through the proxied alias."""
+    return Message.objects.using(ALIAS).get(pk=django_dbqueue.enqueue(QUEUE, {}).pk)
+
+
 OPERATIONS = {
     "claim": Operation(
         lambda: django_dbqueue.enqueue(QUEUE, {}) and None,
@@ -153,6 +174,8 @@ OPERATIONS = {
     "snooze": Operation(lambda: claim()[0], lambda m: m.snooze(delay=60), check_snooze),
     "heartbeat": Operation(lambda: claim()[0], lambda m: m.extend_lease(900), check_extend),
     "release": Operation(lambda: claim()[0], lambda m: m.release(), check_release),
+    "cancel": Operation(waiting, lambda m: cancel(m, by="ops"), check_cancel),
+    "cancel, running": Operation(lambda: claim()[0], lambda m: cancel(m, by="ops"), check_cancel_running),
 }
 
 
@@ -171,7 +194,7 @@ def rehearse(proxy, operation: Operation) -> list[str]:
 
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("name", list(OPERATIONS))
-def test_a_connection_cut_at_any_statement_gives_the_true_answer(fault_proxy, name, when):  # noqa: F811
+def test_a_connection_cut_at_any_statement_gives_the_true_answer(fault_proxy, name, when):
     operation = OPERATIONS[name]
     statements = rehearse(fault_proxy, operation)
     assert statements, "the operation sent nothing through the proxy"
@@ -193,7 +216,7 @@ def test_a_connection_cut_at_any_statement_gives_the_true_answer(fault_proxy, na
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_a_signalled_finish_after_a_lost_reply_is_announced_once(fault_proxy, when):  # noqa: F811
+def test_a_signalled_finish_after_a_lost_reply_is_announced_once(fault_proxy, when):
     """With a receiver connected, a finish goes through the ORM; its signal goes out once, with the row."""
     heard = []
 
@@ -217,7 +240,7 @@ def test_a_signalled_finish_after_a_lost_reply_is_announced_once(fault_proxy, wh
 
 
 @pytest.mark.parametrize("operation", ["ack", "ack_many", "fail", "snooze", "release"])
-def test_a_lease_that_really_ran_out_is_still_lost_after_a_cut(fault_proxy, operation):  # noqa: F811
+def test_a_lease_that_really_ran_out_is_still_lost_after_a_cut(fault_proxy, operation):
     """The read-back never claims work it did not do: a lease that ran out before the cut is "lease lost"."""
     message = claim()[0]
     Message.objects.filter(pk=message.pk).update(available_at=DbNow(-1))
@@ -248,9 +271,14 @@ WORKER_CUTS = {
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-@pytest.mark.parametrize("step", ["claim", "ack"])
-def test_a_worker_whose_connection_is_cut_goes_on_and_loses_nothing(fault_proxy, settings, handler, caplog, step, when):  # noqa: F811
-    settings.DBQUEUE = {**settings.DBQUEUE, "QUEUES": {**settings.DBQUEUE["QUEUES"], "px-w": {"DATABASE": ALIAS}}}
+@pytest.mark.parametrize(("step", "retries"), [("claim", 5), ("ack", 5), ("ack", 0)])
+def test_a_worker_whose_connection_is_cut_goes_on_and_loses_nothing(
+    fault_proxy, settings, handler, caplog, step, retries, when
+):
+    """``retries=0``: the queue operation gives up at once and the worker's writer retries the batch:
+    the read-back happens there (the batch's messages stay marked unsure across the two layers)."""
+    queues = {**settings.DBQUEUE["QUEUES"], "px-w": {"DATABASE": ALIAS}}
+    settings.DBQUEUE = {**settings.DBQUEUE, "QUEUES": queues, "TRANSIENT_RETRIES": retries}
     runs = Counter()
     lock = threading.Lock()
 
@@ -328,3 +356,69 @@ def test_an_unsure_change_that_did_not_land_is_lease_lost():
     assert other.fail("boom") is False
     assert other.snooze(delay=5) is False
     assert other.release() is False
+
+
+# --- the proxy itself ----------------------------------------------------------------------------------
+
+
+def test_the_proxy_delays_and_stalls_without_losing_anything(fault_proxy):
+    """A delay slows every statement down; a stall holds one until released; the answers stay true."""
+    message = claim()[0]
+    fault_proxy.delay(0.05)
+    started = time.monotonic()
+    assert message.extend_lease(600) is True
+    assert time.monotonic() - started >= 0.05
+    fault_proxy.delay(0)
+
+    fresh_connection()
+    rule = fault_proxy.stall("dbqueue_archive", when="after")
+    answers = []
+    acking = threading.Thread(target=lambda: answers.append(message.ack()))
+    acking.start()
+    assert rule.fired.wait(30), "the ack's statement never reached the proxy"
+    acking.join(0.5)
+    assert acking.is_alive(), "a stalled statement was answered"
+    rule.release.set()
+    acking.join(30)
+    assert answers == [True]
+    finished_once(message, Outcome.ACKED)
+
+
+def test_a_stalled_reply_then_a_cut_is_answered_from_the_database(fault_proxy):
+    """The reply held (a network stall), then every connection dropped (a failover): the ack that
+    committed is acked, once."""
+    message = claim()[0]
+    fresh_connection()
+    statement = "COMMIT" if connections["default"].vendor == "mysql" else "dbqueue_archive"
+    following = "dbqueue_archive" if statement == "COMMIT" else None
+    rule = fault_proxy.stall(statement, when="after", following=following)
+    answers = []
+    acking = threading.Thread(target=lambda: answers.append(message.ack()))
+    acking.start()
+    assert rule.fired.wait(30)
+    fault_proxy.cut_all()
+    acking.join(60)
+    assert not acking.is_alive()
+    assert answers == [True]
+    finished_once(message, Outcome.ACKED)
+
+
+def test_a_cut_connection_leaves_the_outcome_unknown_and_a_deadlock_does_not(fault_proxy):
+    """The read-back follows only errors that may have lost a reply; a deadlock is an answer (rolled back)."""
+    fresh_connection()
+    fault_proxy.cut("SELECT 41", when="after")
+    with pytest.raises(DATABASE_TROUBLE) as cut, connections[ALIAS].cursor() as cursor:
+        cursor.execute("SELECT 41")
+    assert errors.is_transient(cut.value, ALIAS) and errors.outcome_unknown(cut.value, ALIAS)
+    connections[ALIAS].close()
+    if connections["default"].vendor == "mysql":
+        import MySQLdb
+
+        deadlock = OperationalError(1213, "Deadlock found when trying to get lock")
+        deadlock.__cause__ = MySQLdb.OperationalError(1213, "Deadlock found when trying to get lock")
+    else:
+        import psycopg
+
+        deadlock = OperationalError("deadlock detected")
+        deadlock.__cause__ = psycopg.errors.DeadlockDetected("deadlock detected")
+    assert errors.is_transient(deadlock, ALIAS) and not errors.outcome_unknown(deadlock, ALIAS)
