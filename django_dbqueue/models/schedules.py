@@ -92,6 +92,10 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
             rows.filter(enabled=False).update(**changes, covered_until=DbNow())
         return bool(with_retries(self.db, lambda: rows.update(**changes), what=f"switch schedule {name}"))
 
+    def lock(self, name: str) -> bool:
+        """Lock schedule ``name``'s row until the transaction ends (every firing of it takes this turn first)."""
+        return bool(list(self.select_for_update().filter(name=name).values_list("name", flat=True)))
+
     def advance(self, name: str, until: datetime) -> None:
         """Mark the slots up to ``until`` decided (the ones a catch-up policy passed over)."""
         rows = self.filter(name=name, covered_until__lt=until)
@@ -158,14 +162,24 @@ class ScheduleRunQuerySet(models.QuerySet["ScheduleRun"]):
         ``covered_until``. Returns None when the slot was fired already.
         With ``skip_if_running``, a slot whose previous run's message is still
         live is recorded as skipped and sends nothing.
+
+        The transaction first locks the schedule's row, so the firings of one
+        schedule take their turns there. Without it, MySQL/MariaDB deadlocked
+        competing schedulers (error 1213, retried): inserting the run row
+        checks its foreign key with a shared lock on the schedule's row, two
+        firers of one slot both held that lock while one waited for the
+        other's run row, and the ``covered_until`` update needs it exclusively.
         """
         from .messages import Message
 
         using = self.db
 
-        def run() -> Fired:
+        def run() -> Fired | None:
             message.pk, message._state.adding = None, True  # afresh on a retry after the database's weather
             with write_transaction(using):
+                Schedule.objects.using(using).lock(name)
+                if self.filter(schedule_id=name, slot=slot).exists():
+                    return None  # fired by another process, which held the lock before us
                 live = None
                 if skip_if_running:
                     previous = (
@@ -199,7 +213,7 @@ class ScheduleRunQuerySet(models.QuerySet["ScheduleRun"]):
             if self.filter(schedule_id=name, slot=slot).exists():
                 return None  # another process fired this slot: its transaction won
             raise
-        if fired.message is not None:
+        if fired is not None and fired.message is not None:
             events.enqueued([fired.message], using)
         return fired
 
