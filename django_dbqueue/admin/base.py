@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q, QuerySet
+from django.db.models import Model, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
@@ -48,6 +48,8 @@ else:
 
 # The rows a queue admin shows: live or archived messages.
 Row = TypeVar("Row", bound=Message | ArchivedMessage)
+# Any admin's model.
+M = TypeVar("M", bound=Model)
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -143,7 +145,35 @@ class OperatorPermissions:
         return request.user.has_perm(PERMISSIONS["pause"])
 
 
-class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, ModelAdmin[Row], Generic[Row]):
+def posted_action(request: HttpRequest) -> str | None:
+    """The list action a POST asks for, read as Django's ``response_action`` reads it (``index`` picks the form)."""
+    try:
+        index = int(request.POST.get("index", 0))
+    except ValueError:
+        index = 0
+    names = request.POST.getlist("action")
+    return names[index] if 0 <= index < len(names) else None
+
+
+class RefusedActions(ModelAdmin[M], Generic[M]):
+    """A list action the user may not run, POSTed anyway, is refused with 403 Forbidden.
+
+    Django leaves such an action out of the list page, but answers a POST of
+    it with the list again (200) or a redirect (302) and "No action
+    selected": docs/operators.md promises 403, as the detail pages' buttons
+    answer. The page offers only the actions the user may run, so any other
+    name (one the user lacks permission for, or none of this list's) is refused.
+    """
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if request.method == "POST":
+            name = posted_action(request)
+            if name and name not in self.get_actions(request):
+                raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
+
+class ReadOnlyQueueAdmin(NoEditForms, OperatorPermissions, RefusedActions[Row], Generic[Row]):
     """Live and archived messages: estimated counts, escaped payloads, actions as POSTs."""
 
     paginator = EstimatingPaginator

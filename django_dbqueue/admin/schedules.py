@@ -24,7 +24,7 @@ from ..exceptions import DbQueueError
 from ..models import Schedule
 from ..schedules.scheduler import run_now
 from ..schedules.status import ScheduleStatus, schedule_statuses
-from .base import ModelAdmin
+from .base import RefusedActions
 
 # The attribute a list page hangs each row's status on, for its display methods.
 STATUS = "schedule_status"
@@ -32,7 +32,7 @@ PERMISSIONS = {"toggle": "django_dbqueue.toggle_schedule", "run": "django_dbqueu
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(ModelAdmin[Schedule]):
+class ScheduleAdmin(RefusedActions[Schedule]):
     """Schedules: timing, next slot, last run and where its message is now, and the switches."""
 
     list_display = ["name", "state", "timing_text", "next_run", "last_run", "queue", "kind"]

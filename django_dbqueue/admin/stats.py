@@ -6,11 +6,11 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from ..models import QueueStat
-from .base import ModelAdmin
+from .base import RefusedActions
 
 
 @admin.register(QueueStat)
-class QueueStatAdmin(ModelAdmin[QueueStat]):
+class QueueStatAdmin(RefusedActions[QueueStat]):
     """The figures ``queueanalytics`` computed, read-only: a re-run of a window replaces them."""
 
     list_display = [

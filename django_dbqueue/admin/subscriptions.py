@@ -6,11 +6,11 @@ from django.contrib import admin
 
 from ..conf import get_settings
 from ..models import Subscription
-from .base import ModelAdmin
+from .base import RefusedActions
 
 
 @admin.register(Subscription)
-class SubscriptionAdmin(ModelAdmin[Subscription]):
+class SubscriptionAdmin(RefusedActions[Subscription]):
     """Subscriptions in the table; those of the ``TOPICS`` setting are changed in settings only."""
 
     list_display = ["topic", "queue", "also_in_settings", "created_at"]
