@@ -68,6 +68,7 @@ class Verdict:
     apply: Callable[[], bool]
     result: Any = None  # an ack's handler return value, for workers that ack in batches
     recorded: Callable[[str], None] | None = None  # the handler's after_record, bound to the message
+    error: BaseException | str | None = None  # what the handler raised, or the reason given, for the log
 
     def record(self) -> str:
         try:
@@ -131,20 +132,34 @@ def _run(message: Message, handler: Handler, worker: str) -> Verdict:
 def _raised(message: Message, exc: Exception, verdict: Callable[..., Verdict]) -> Verdict:
     """The outcome of a handler that raised ``exc`` (not a cancel)."""
     if isinstance(exc, Reject):
-        return verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=exc.reason))
+        reason = exc.reason
+        return verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=reason), error=reason)
     if isinstance(exc, Retry):
         reason = exc.reason or "retry requested"
         if not message.attempts_left():
             reason = f"{reason}; no attempts left ({message.attempts} made)"
-            return verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=reason))
-        return verdict(HandlerOutcome.RETRIED, partial(message.reject, delay=exc.delay, reason=reason))
+            rejected = partial(message.reject, requeue=False, reason=reason)
+            return verdict(HandlerOutcome.REJECTED, rejected, error=reason)
+        return verdict(HandlerOutcome.RETRIED, partial(message.reject, delay=exc.delay, reason=reason), error=reason)
     if isinstance(exc, Defer):
         refused = message.deferral_refused()
         if refused is not None:  # past the queue's MAX_DEFERRALS: dead, as a Retry with no attempts left
-            return verdict(HandlerOutcome.REJECTED, partial(message.reject, requeue=False, reason=refused))
+            rejected = partial(message.reject, requeue=False, reason=refused)
+            return verdict(HandlerOutcome.REJECTED, rejected, error=refused)
         return verdict(HandlerOutcome.DEFERRED, partial(message.snooze, exc.until, delay=exc.delay))
     logger.debug("message %s of %s failed: %r", message.pk, message.queue, exc)
-    return verdict(HandlerOutcome.FAILED, partial(message.fail, exc))
+    return verdict(HandlerOutcome.FAILED, partial(message.fail, exc), error=exc)
+
+
+def ends_dead(message: Message, outcome: str) -> bool:
+    """Whether ``outcome``, written for ``message``, dead-lettered it (for the worker's log and counts)."""
+    if outcome == HandlerOutcome.REJECTED:
+        return True
+    if outcome == HandlerOutcome.FAILED:
+        return not message.attempts_left()
+    if outcome == HandlerOutcome.UNHANDLED:
+        return queue_options(message.queue).unhandled != "keep"
+    return False
 
 
 def process(message: Message, *, worker: str = "", handler: Handler | None = None) -> str:
@@ -159,4 +174,4 @@ def _unhandled(message: Message) -> Verdict:
         return Verdict(
             HandlerOutcome.UNHANDLED, partial(message.snooze, delay=get_settings().max_poll_interval, count=False)
         )
-    return Verdict(HandlerOutcome.UNHANDLED, partial(message.reject, requeue=False, reason=reason))
+    return Verdict(HandlerOutcome.UNHANDLED, partial(message.reject, requeue=False, reason=reason), error=reason)

@@ -33,6 +33,15 @@ def test_a_message_goes_from_claimed_to_running_to_finished_and_is_counted():
     assert ledger.is_empty()
 
 
+def test_dead_letters_are_counted_among_the_failed_and_apart():
+    ledger = Ledger()
+    ledger.claimed("a", messages(1, 2, 3))
+    for ok, dead in ((False, True), (False, False), (True, True)):  # an ok message is never dead
+        ledger.start("a")
+        ledger.finish("a", ok=ok, dead=dead)
+    assert ledger.counts() == (1, 2) and ledger.dead() == 1
+
+
 def test_finish_is_a_no_op_once_the_running_message_is_gone():
     ledger = Ledger()
     ledger.claimed("a", messages(1))

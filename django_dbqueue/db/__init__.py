@@ -16,3 +16,13 @@ from django.db import connections
 def vendor(using: str) -> str:
     """``mysql`` (MySQL and MariaDB), ``postgresql`` or ``sqlite``."""
     return connections[using].vendor
+
+
+def describe(using: str) -> str:
+    """The server's name and version, for people: ``MariaDB 10.11.6``, ``PostgreSQL 15.4``, ``SQLite 3.40.1``."""
+    connection = connections[using]
+    try:
+        version = ".".join(map(str, connection.get_database_version()))
+    except Exception:  # the banner says what it can; the worker's first query will report the trouble
+        return connection.display_name
+    return f"{connection.display_name} {version}"

@@ -24,10 +24,11 @@ from functools import partial
 
 from django.db import connections
 
+from ..console import event
 from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import DbQueueError
 from ..models import Message, QueueState
-from ..running import HandlerOutcome, Verdict, decide
+from ..running import HandlerOutcome, Verdict, decide, ends_dead
 from .completer import Completer, CompleterGone, Handover
 from .config import WorkerConfig
 from .ledger import Ledger
@@ -35,6 +36,8 @@ from .lifecycle import Lifecycle
 from .writing import GaveUp, Writer, first_line
 
 logger = logging.getLogger("django_dbqueue")
+# A line per finished message: its own logger, so a project can set its level apart (docs/workers.md).
+message_logger = logging.getLogger("django_dbqueue.messages")
 
 # What record() returns when nothing at all could be written (the lease will expire).
 NOT_RECORDED = "not recorded"
@@ -186,21 +189,16 @@ class Consumer:
         """Run the (running) message's handler and write its outcome, or leave its ack to the batch."""
         started = time.monotonic()
         verdict = decide(message, worker=self.name, handler=self.config.handler)
+        dead = False
         if verdict.outcome == HandlerOutcome.ACKED and message.lease_token:
             self.ledger.await_ack(self.slot, verdict)
             outcome = HandlerOutcome.ACKED  # written by the completer with its batch; a lost lease is logged then
         else:  # a handler that released or failed its own message left no lease token: "lease lost" at once
             outcome = self.record(message, verdict)
-            self.ledger.finish(self.slot, ok=outcome in (HandlerOutcome.ACKED, HandlerOutcome.DEFERRED))
-        logger.debug(
-            "message %s (%s/%s) attempt %d: %s in %.3fs",
-            message.pk,
-            message.queue,
-            message.kind,
-            message.attempts,
-            outcome,
-            time.monotonic() - started,
-        )
+            dead = ends_dead(message, outcome)
+            ok = outcome in (HandlerOutcome.ACKED, HandlerOutcome.DEFERRED)
+            self.ledger.finish(self.slot, ok=ok, dead=dead)
+        log_finished(message, outcome, dead, verdict.error, time.monotonic() - started)
 
     def record(self, message: Message, verdict: Verdict) -> str:
         """Write the handler's outcome; when it cannot be stored, what can. Returns the outcome written.
@@ -299,6 +297,51 @@ class Consumer:
                 connection.errors_occurred = False
             else:
                 connection.close()
+
+
+# INFO: what the handler asked for, and a lost lease (record() warned of it once already).
+QUIET_OUTCOMES = (
+    HandlerOutcome.ACKED,
+    HandlerOutcome.DEFERRED,
+    HandlerOutcome.RETRIED,
+    HandlerOutcome.CANCELLED,
+    HandlerOutcome.LEASE_LOST,
+)
+
+
+def log_finished(message: Message, outcome: str, dead: bool, error: BaseException | str | None, took: float) -> None:
+    """The line of one finished message: INFO when it went as the handler wanted, WARNING for a failed
+    attempt, ERROR for a dead letter; a failure carries its error (and traceback)."""
+    if dead:
+        level = logging.ERROR
+    elif outcome in QUIET_OUTCOMES or outcome == HandlerOutcome.UNHANDLED:  # unhandled and kept for later
+        level = logging.INFO
+    else:
+        level = logging.WARNING
+    if not message_logger.isEnabledFor(level):
+        return
+    what = f"{message.queue}/{message.kind}" if message.kind else message.queue
+    attempts = f"attempt {message.attempts} of {message.max_attempts_allowed()}"
+    shown = "dead" if dead else outcome
+    if isinstance(error, BaseException):
+        said = f"{type(error).__name__}: {first_line(error)}" if str(error) else type(error).__name__
+    else:
+        said = error or ""
+    fields = {
+        "id": message.pk,
+        "queue": message.queue,
+        "kind": message.kind,
+        "outcome": shown,
+        "attempt": message.attempts,
+        "duration": round(took, 6),
+    }
+    if said and level > logging.INFO:
+        fields["error"] = said
+    text = f"message {message.pk} {what} {shown} in {took:.3f}s ({attempts})"
+    if said and (level > logging.INFO or outcome == HandlerOutcome.RETRIED):
+        text = f"{text}: {said}"
+    exc_info = error if isinstance(error, BaseException) and level > logging.INFO else None
+    message_logger.log(level, "%s", text, exc_info=exc_info, extra=event("message", **fields))
 
 
 def unstorable(message: Message, outcome: str, error: BaseException, *, bare: bool = False) -> Verdict:

@@ -64,6 +64,7 @@ class Ledger:
         self._closed = False
         self._processed = 0
         self._failed = 0
+        self._dead = 0
 
     # --- a slot's consumer moves its messages --------------------------------------
 
@@ -101,17 +102,20 @@ class Ledger:
             message = self._running[slot] = held.popleft()
             return message
 
-    def finish(self, slot: Hashable, ok: bool | None = None) -> Message | None:
+    def finish(self, slot: Hashable, ok: bool | None = None, *, dead: bool = False) -> Message | None:
         """``slot``'s running message is done with: its outcome is written, or will never be.
 
-        ``ok`` counts it: True as processed, False as failed, None not at all
-        (nothing was written; its lease will expire). Returns the message, or
-        None when the slot runs nothing (already finished, or waiting for its ack).
+        ``ok`` counts it: True as processed, False as failed (``dead``: and
+        dead-lettered), None not at all (nothing was written; its lease will
+        expire). Returns the message, or None when the slot runs nothing
+        (already finished, or waiting for its ack).
         """
         with self._lock:
             message = self._running.pop(slot, None)
             if message is not None and ok is not None:
                 self._count(ok, 1)
+                if not ok and dead:
+                    self._dead += 1
             return message
 
     def await_ack(self, slot: Hashable, note: Any = None) -> None:
@@ -204,6 +208,11 @@ class Ledger:
     def counts(self) -> Counts:
         with self._lock:
             return Counts(self._processed, self._failed)
+
+    def dead(self) -> int:
+        """How many of the failed were dead-lettered (for the worker's summary)."""
+        with self._lock:
+            return self._dead
 
     # --- under the lock ----------------------------------------------------------------
 

@@ -28,10 +28,12 @@ class Lifecycle:
         self.wake = threading.Event()
         self._crashed: list[str] = []
         self._lock = threading.Lock()
+        self.why = ""  # why it stopped: the first reason given
 
     def stop(self, why: str) -> None:
         """Stop claiming (once; later calls only wake the idle)."""
         if not self.stopping.is_set():
+            self.why = why
             logger.info("worker %s stopping: %s", self.name, why)
         self.stopping.set()
         self.wake.set()

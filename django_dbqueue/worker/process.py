@@ -20,16 +20,21 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shlex
 import signal
 import socket
 import threading
 import time
 from typing import Any
 
+import django
 from django.db import connections
 
 from .. import handlers as handler_registry
-from ..conf import database_for, get_settings
+from .._version import __version__
+from ..conf import database_for, get_settings, queue_options
+from ..console import event
+from ..db import describe
 from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import InvalidOption
 from ..reaper import Reaper
@@ -128,13 +133,7 @@ class QueueWorker:
         if self.scheduler is not None:
             scheduler = self.scheduler
             helpers.append(life.thread(lambda: scheduler.loop(life.stopping), "dbqueue-scheduler"))
-        logger.info(
-            "worker %s serving %s with %d thread(s), batches of %d",
-            self.name,
-            ", ".join(self.queues),
-            self.config.concurrency,
-            self.config.batch_size,
-        )
+        self.log_banner()
         for thread in consumers + helpers:
             thread.start()
         while not life.stopping.wait(0.2):
@@ -159,11 +158,83 @@ class QueueWorker:
         connections.close_all()
         for signum, previous in self._previous_handlers.items():
             signal.signal(signum, previous)
-        counts = self.ledger.counts()
-        logger.info(
-            "worker %s exits (%s): %d processed, %d failed", self.name, status.name, counts.processed, counts.failed
-        )
+        self.log_summary(status, time.monotonic() - started)
         return status
+
+    def handlers(self) -> dict[str, list[str]]:
+        """What runs each queue's messages, for people: ``{queue: ["kind x: module.function", ...]}``."""
+        if self.config.handler is not None:
+            argv = getattr(self.config.handler, "argv", None)  # exec mode's command
+            shown = f"exec: {shlex.join(argv)}" if argv else repr(self.config.handler)
+            return {queue: [shown] for queue in self.queues}
+        found: dict[str, list[str]] = {queue: [] for queue in self.queues}
+        for (queue, kind), function in sorted(
+            handler_registry.registered().items(), key=lambda i: (i[0][1] is None, i[0][1] or "")
+        ):
+            if queue in found:
+                name = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)}"
+                found[queue].append(name if kind is None else f"kind {kind}: {name}")
+        for queue, names in found.items():
+            if not names:
+                unhandled = queue_options(queue).unhandled
+                names.append("no handler (messages are dead-lettered)" if unhandled == "dead" else "no handler (kept)")
+        return found
+
+    def log_banner(self) -> None:
+        """What this worker is and does, once at start (the console shows it at the default verbosity)."""
+        database = describe(self.using)
+        handlers = self.handlers()
+        width = max(map(len, self.queues))
+        queues = [f"{queue:<{width}}  {'; '.join(names)}" for queue, names in handlers.items()]
+        schedules = "on" if self.scheduler is not None else ("off" if not self.config.schedules else "off (none)")
+        reaper = "on" if self.config.reap else "off"
+        lines = [
+            f"django-dbqueue {__version__} worker {self.name} (Django {django.get_version()})",
+            f"  database     {self.using} ({database})",
+            f"  queues       {queues[0]}",
+            *(f"               {line}" for line in queues[1:]),
+            f"  concurrency  {self.config.concurrency}, batch size {self.config.batch_size}, "
+            f"schedules {schedules}, reaper {reaper}",
+            "  stop with CONTROL-C or SIGTERM (a second one stops at once)",
+        ]
+        fields = {
+            "version": __version__,
+            "worker": self.name,
+            "database": self.using,
+            "vendor": database,
+            "queues": handlers,
+            "concurrency": self.config.concurrency,
+            "batch_size": self.config.batch_size,
+            "schedules": self.scheduler is not None,
+            "reaper": self.config.reap,
+        }
+        logger.info("%s", "\n".join(lines), extra=event("banner", **fields))
+
+    def log_summary(self, status: ExitStatus, elapsed: float) -> None:
+        """One line on exit: how it ended and what it did (failed counts the failed attempts not dead)."""
+        counts, dead = self.ledger.counts(), self.ledger.dead()
+        failed = counts.failed - dead
+        why = f": {self.lifecycle.why}" if self.lifecycle.why else ""
+        fields = {
+            "worker": self.name,
+            "status": status.name,
+            "reason": self.lifecycle.why,
+            "processed": counts.processed,
+            "failed": failed,
+            "dead": dead,
+            "elapsed": round(elapsed, 3),
+        }
+        logger.info(
+            "worker %s exits (%s%s): %d processed, %d failed, %d dead in %.1fs",
+            self.name,
+            status.name,
+            why,
+            counts.processed,
+            failed,
+            dead,
+            elapsed,
+            extra=event("summary", **fields),
+        )
 
     def stop(self, why: str) -> None:
         """Stop claiming and shut down as a first signal would (callable from any thread)."""

@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_dbqueue.management.arguments import add_database_argument
+from django_dbqueue.management.console import add_console_arguments, command_console, log_banner, log_summary
 from django_dbqueue.management.stopping import stop_on_signals
 
 
@@ -27,6 +28,7 @@ class Command(BaseCommand):
             help="The address to listen on (default 127.0.0.1, this host only; 0.0.0.0 for every interface).",
         )
         add_database_argument(parser, "The queue database to read depth and ages from")
+        add_console_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -40,12 +42,15 @@ class Command(BaseCommand):
         port = options["port"]
         if not 0 < port < 65536:
             raise CommandError(f"--port must be from 1 to 65535, not {port}")
-        with stop_on_signals() as stop:
+        url = f"http://{options['addr']}:{port}/metrics"
+        with command_console(options), stop_on_signals() as stop:
             server, thread = start_http_server(
                 port, options["addr"], registry=build_registry(options["database"], own_thread=True)
             )
-            self.stdout.write(f"serving metrics on http://{options['addr']}:{port}/metrics", ending="\n")
+            self.stdout.write(f"serving metrics on {url}", ending="\n")
             self.stdout.flush()
+            log_banner(f"metrics on {url}", options["database"], ["  stop with CONTROL-C or SIGTERM"], url=url)
             stop.wait()
             server.shutdown()
             thread.join()
+            log_summary("metrics server stops", url=url)

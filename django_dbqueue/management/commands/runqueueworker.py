@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Any
 
@@ -10,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_dbqueue.exceptions import DbQueueError
 from django_dbqueue.management.arguments import non_negative_float, positive_float, positive_int
+from django_dbqueue.management.console import add_console_arguments, command_console
 from django_dbqueue.worker import QueueWorker, WorkerConfig
 
 
@@ -41,6 +41,7 @@ class Command(BaseCommand):
             action="store_false",
             help="Do not fire schedules in this worker (by default every worker takes part).",
         )
+        add_console_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         handler = None
@@ -56,8 +57,6 @@ class Command(BaseCommand):
                 handler = ExecHandler(options["exec_command"], timeout=options["exec_timeout"])
             except DbQueueError as exc:
                 raise CommandError(str(exc)) from exc
-        if options["verbosity"] >= 2:
-            logging.getLogger("django_dbqueue").setLevel(logging.DEBUG if options["verbosity"] >= 3 else logging.INFO)
         config = WorkerConfig(
             queues=options["queues"],
             concurrency=options["concurrency"],
@@ -77,5 +76,7 @@ class Command(BaseCommand):
             worker = QueueWorker(config)
         except DbQueueError as exc:
             raise CommandError(str(exc)) from exc
-        status = worker.run()
+        # Its own console unless the project's LOGGING takes django_dbqueue's records (docs/workers.md).
+        with command_console(options):
+            status = worker.run()
         sys.exit(int(status))
