@@ -1,5 +1,6 @@
 """The backend for Django's Tasks framework: enqueue, run by a worker, results through the framework's API."""
 
+import logging
 import subprocess
 import sys
 import time
@@ -40,6 +41,7 @@ from tests.testapp.models import Order
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BACKEND = "django_dbqueue.tasks.DatabaseQueueBackend"
+RETRYING = {"backend": "retrying", "queue_name": "t-retry"}  # two attempts
 
 
 def run(*queues: str, **options) -> ExitStatus:
@@ -112,6 +114,26 @@ def test_an_exception_gives_failed_with_the_traceback():
         _ = failed.return_value
     row = ArchivedMessage.objects.get(message_id=int(result.id))
     assert row.outcome == Outcome.DEAD and row.attempts == 1 and row.last_error == error.traceback
+
+
+@pytest.mark.parametrize(("options", "queue", "runs"), [({}, "t-tasks", 1), (RETRYING, "t-retry", 2)])
+def test_the_frameworks_log_of_a_failed_task_has_its_error_and_traceback(caplog, options, queue, runs):
+    """The framework logs task_finished with the exception being handled (django.tasks: sys.exc_info(),
+    django-tasks: logger.exception), so the signal is sent inside a handler of the task's exception."""
+    logger = "django.tasks" if FRAMEWORK == "django.tasks" else "django_tasks"
+    result = tasks.boom.using(**options).enqueue("no good")
+    with caplog.at_level(logging.INFO, logger=logger):
+        run(queue)
+    finished = [r for r in caplog.records if r.name == logger and f"id={result.id} " in r.getMessage()]
+    finished = [r for r in finished if "state=" in r.getMessage() and "RUNNING" not in r.getMessage()]
+    assert len(finished) == runs  # a retry's READY, then the last attempt's FAILED
+    [failed] = [record for record in finished if "FAILED" in record.getMessage()]
+    assert failed.exc_info is not None and isinstance(failed.exc_info[1], ValueError)
+    # django.tasks passes the exception on with a retry's READY too; django-tasks only with FAILED.
+    assert all(record.exc_info is None or isinstance(record.exc_info[1], ValueError) for record in finished)
+    assert "NoneType: None" not in caplog.text
+    assert "raise ValueError(text)" in caplog.text and "ValueError: no good" in caplog.text
+    assert sys.exc_info() == (None, None, None)  # nothing left being handled
 
 
 def test_a_chained_exception_of_a_project_class_is_named_by_its_module_path():

@@ -3,6 +3,10 @@
 The task's function runs with the framework's signals around it:
 ``task_started`` before, ``task_finished`` once the outcome is written
 (from ``after_record``), so a receiver's ``get_result()`` already sees it.
+For a task that raised, ``task_finished`` is sent with that exception
+being handled, as the framework's own backends send it: its receivers
+(the framework logs a failure with ``logger.exception`` or
+``sys.exc_info()``) see the task's error and traceback, not ``NoneType: None``.
 A task that raises is retried while it has attempts left, else dead
 (FAILED) with its traceback; ``SystemExit`` in a task fails the task, not
 the worker.
@@ -33,8 +37,9 @@ from .compat import (
 )
 from .results import class_path, task_of, task_result
 
-# Where a run leaves its TaskResult on the message, for after_record.
+# Where a run leaves its TaskResult, and the exception the task raised, on the message, for after_record.
 RESULT = "_dbqueue_task_result"
+RAISED = "_dbqueue_task_raised"
 
 
 def run_task(message: Message, backend: BaseTaskBackend) -> Any:
@@ -63,6 +68,7 @@ def run_task(message: Message, backend: BaseTaskBackend) -> Any:
         if not retry:
             object.__setattr__(result, "finished_at", timezone.now())
         vars(message)[RESULT] = result
+        vars(message)[RAISED] = exc
         if retry:
             raise handlers.Retry(delay=backoff_delay(message), reason=error.traceback) from None
         raise handlers.Reject(error.traceback) from None
@@ -94,7 +100,15 @@ class TaskHandler:
         result: TaskResult[..., Any] | None = vars(message).get(RESULT)
         if result is None or outcome == Recorded.LEASE_LOST:
             return  # never started, or another worker or the reaper has it now
-        task_finished.send(type(result.task.get_backend()), task_result=result)
+        sender = type(result.task.get_backend())
+        raised: BaseException | None = vars(message).pop(RAISED, None)
+        if raised is None:
+            task_finished.send(sender, task_result=result)
+            return
+        try:  # the receivers run while the task's exception is being handled, traceback and all
+            raise raised
+        except BaseException:
+            task_finished.send(sender, task_result=result)
 
     def __repr__(self) -> str:
         return "django_dbqueue.tasks.TaskHandler"
