@@ -325,8 +325,9 @@ def log_finished(message: Message, outcome: str, dead: bool, error: BaseExceptio
     shown = "dead" if dead else outcome
     if isinstance(error, BaseException):
         said = f"{type(error).__name__}: {first_line(error)}" if str(error) else type(error).__name__
-    else:
-        said = error or ""
+    else:  # a reason; one that holds a traceback (a task's) is told by its last line, the exception
+        lines = (error or "").strip().splitlines()
+        said = (lines[-1] if lines[0].startswith("Traceback") else lines[0]) if lines else ""
     fields = {
         "id": message.pk,
         "queue": message.queue,
