@@ -92,6 +92,41 @@ def test_other_settings_with_queue_in_their_name_are_left_alone(settings, name):
     assert ids_and_messages() == []
 
 
+def queueanalytics_refusal():
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="queueanalytics cannot start Spark") as caught:
+        call_command("queueanalytics")
+    return str(caught.value)
+
+
+def test_queueanalytics_names_a_listed_jar_that_is_missing_before_starting_spark(settings, tmp_path):
+    jar = tmp_path / "drivers" / "postgresql.jar"
+    settings.DBQUEUE = {"SPARK_JARS": [str(jar)]}
+    text = queueanalytics_refusal()
+    assert f"- the JDBC driver jar {jar} does not exist: DBQUEUE['SPARK_JARS'] lists it" in text
+
+
+def test_queueanalytics_names_the_package_of_a_missing_default_driver(settings, monkeypatch, tmp_path):
+    """The Debian jars are installed here: the database's default jar is pointed at a missing file."""
+    from django_dbqueue.contrib.spark import conf as spark_conf
+
+    vendor = connection.vendor
+    jar, package = spark_conf.DRIVER_JARS[vendor]
+    gone = str(tmp_path / jar.rsplit("/", 1)[-1])
+    monkeypatch.setitem(spark_conf.DRIVER_JARS, vendor, (gone, package))
+    monkeypatch.setattr(spark_conf, "DEFAULT_JARS", (gone,))
+    text = queueanalytics_refusal()
+    assert f"- the JDBC driver jar {gone} does not exist: install it (Debian: apt install {package})" in text
+
+
+def test_queueanalytics_says_java_is_missing(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    text = queueanalytics_refusal()
+    assert f"- Java is not installed (JAVA_HOME ({tmp_path}) has no bin/java): Spark needs Java 17" in text
+    assert "default-jre-headless" in text
+
+
 def test_good_setting_passes(settings):
     settings.DBQUEUE = {"VISIBILITY_TIMEOUT": 30, "QUEUES": {"emails": {"MAX_ATTEMPTS": 9}}}
     assert ids_and_messages() == []

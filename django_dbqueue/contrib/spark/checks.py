@@ -9,11 +9,10 @@ from __future__ import annotations
 import importlib.util
 import os
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.core.checks import Error, Warning, register
 
-from .conf import spark_jars, spark_jars_problem
+from .conf import is_url, spark_jars, spark_jars_problem
 
 
 @register()
@@ -31,13 +30,8 @@ def check_spark_jars(app_configs: Any = None, **kwargs: Any) -> list[Error | War
             id="django_dbqueue.W003",
         )
         for jar in spark_jars()
-        if not _is_url(jar) and not os.path.isfile(jar)
+        if not is_url(jar) and not os.path.isfile(jar)
     ]
-
-
-def _is_url(jar: str) -> bool:
-    """hdfs://, https://, local:/ ...: Spark fetches those itself (a one-letter scheme is a Windows drive)."""
-    return len(urlsplit(jar).scheme) > 1
 
 
 def _installed(module: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from ...conf import raw_setting
 
@@ -13,6 +14,23 @@ DEFAULT_JARS = (
     "/usr/share/java/postgresql.jar",
     "/usr/share/java/sqlite-jdbc.jar",
 )
+# Each database's driver: its default jar and the Debian package that installs it.
+DRIVER_JARS = {
+    "mysql": ("/usr/share/java/mariadb-java-client.jar", "libmariadb-java"),
+    "postgresql": ("/usr/share/java/postgresql.jar", "libpostgresql-jdbc-java"),
+    "sqlite": ("/usr/share/java/sqlite-jdbc.jar", "libxerial-sqlite-jdbc-java"),
+}
+
+
+def is_url(jar: str) -> bool:
+    """hdfs://, https://, local:/ ...: Spark fetches those itself (a one-letter scheme is a Windows drive)."""
+    return len(urlsplit(jar).scheme) > 1
+
+
+def jars_configured() -> bool:
+    """Whether the project lists its jars in ``SPARK_JARS`` (else the Debian defaults are used)."""
+    raw = raw_setting()
+    return isinstance(raw, dict) and "SPARK_JARS" in raw
 
 
 def jar_list_problem(value: Any) -> str | None:

@@ -17,6 +17,7 @@ from typing import Any
 from django.db import connections
 
 from ...exceptions import DbQueueError
+from .conf import DRIVER_JARS
 
 DRIVERS = {
     "mysql": "org.mariadb.jdbc.Driver",
@@ -55,6 +56,11 @@ class JdbcTarget:
         # As Django writes it (no ".000000" for whole seconds): SQLite compares timestamps as text.
         text = value.astimezone(UTC).replace(tzinfo=None).isoformat(" ")
         return f"TIMESTAMPTZ '{text}+00'" if self.vendor == "postgresql" else f"'{text}'"
+
+
+def driver_jar(using: str) -> tuple[str, str]:
+    """The default jar of the JDBC driver database ``using`` needs, and the Debian package that installs it."""
+    return DRIVER_JARS[jdbc_target(using).vendor]
 
 
 def jdbc_target(using: str) -> JdbcTarget:

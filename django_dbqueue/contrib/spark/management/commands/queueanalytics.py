@@ -59,12 +59,16 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from django_dbqueue.contrib.spark.session import MissingExtra, require
+        from django_dbqueue.contrib.spark.session import prerequisite_problems
 
+        # Spark takes seconds to start and ends in a Java stack trace for want of Java or a driver:
+        # say what is missing, and what provides it, first.
         try:
-            require("pyspark")
-        except MissingExtra as exc:
+            missing = prerequisite_problems(None if options["parquet_in"] else options["database"])
+        except DbQueueError as exc:
             raise CommandError(str(exc)) from exc
+        if missing:
+            raise CommandError("queueanalytics cannot start Spark:\n" + "\n".join(f"- {why}" for why in missing))
         if (options["bench_incremental"] or options["bench_keep"]) and not options["bench_rows"]:
             raise CommandError("--bench-incremental and --bench-keep go with --bench-rows N, the archive's size")
         if options["bench_rows"]:
