@@ -93,3 +93,23 @@ def test_the_demos_printed_commands_work_when_pasted(tmp_path):
     )
     shell = runserver.removesuffix("runserver") + "shell -c " + shlex.quote(check)
     assert paste(shell).split()[-3:] == ["True", "/admin/django_dbqueue/deadletter/", "1"]
+
+
+def test_the_example_projects_queueanalytics_is_the_current_command(tmp_path):
+    """Its own manage.py runs the spark app's command, not the core's deprecated stand-in.
+
+    JAVA_HOME points at an empty directory, so the command stops at its check, before Spark.
+    """
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'example.sqlite3'}", "JAVA_HOME": str(tmp_path)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "queueanalytics"],
+        cwd=ROOT / "example_project",
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Deprecated" not in done.stderr and "moved to the app" not in done.stderr
+    assert "queueanalytics cannot start Spark" in done.stderr and "Java is not installed" in done.stderr

@@ -30,6 +30,9 @@ INSTALLED_APPS = [
     "django_dbqueue",
     # The benchmark (manage.py queuebench, docs/benchmarks.md); it needs nothing more.
     "django_dbqueue.contrib.bench",
+    # The Spark analytics (manage.py queueanalytics, exportarchive; docs/analytics.md): the
+    # commands need the spark extra, Java and a JDBC driver, and say which is missing.
+    "django_dbqueue.contrib.spark",
     "shop",
 ]
 MIDDLEWARE = [
