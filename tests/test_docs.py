@@ -16,8 +16,11 @@ from __future__ import annotations
 import builtins
 import gc
 import inspect
+import os
 import re
+import subprocess
 import symtable
+import sys
 import textwrap
 from dataclasses import dataclass
 
@@ -69,7 +72,14 @@ def pages() -> list[str]:
     return sorted(path.name for path in DOCS.glob("*.md"))
 
 
+def in_the_example_shop(block: Block) -> bool:
+    """A block that imports the example shop's models runs in the example project, not here."""
+    return bool(re.search(r"^\s*from shop[.\s]", block.code, re.M))
+
+
 RUNNABLE = [block for page in pages() for block in python_blocks(page) if block.runnable]
+HERE = [block for block in RUNNABLE if not in_the_example_shop(block)]
+SHOP = [block for block in RUNNABLE if in_the_example_shop(block)]
 
 
 def startproject_settings() -> dict:
@@ -132,11 +142,51 @@ def run_block(block: Block, request: pytest.FixtureRequest) -> dict:
     return namespace
 
 
-@pytest.mark.django_db(databases="__all__")
+@pytest.mark.django_db
 @pytest.mark.usefixtures("isolated_declarations")
-@pytest.mark.parametrize("block", RUNNABLE, ids=str)
+@pytest.mark.parametrize("block", HERE, ids=str)
 def test_a_runnable_block_runs_as_pasted(block, request):
     run_block(block, request)
+
+
+SHOP_TEST_MODULE = """import pytest
+
+CODE = {code!r}
+
+
+@pytest.mark.django_db
+def test_{name}():
+    exec(compile(CODE, {where!r}, "exec"), {{"__name__": "docs_block"}})
+"""
+
+
+def test_the_example_shops_blocks_run_in_the_example_project(tmp_path):
+    """Blocks that use the shop's models run under the example project's settings and pytest, on SQLite.
+
+    A block defining tests (a pytest function, a TestCase) is a test module
+    as it stands; any other runs inside a test, in a transaction.
+    """
+    assert SHOP, "no runnable block uses the example shop"
+    for block in SHOP:
+        assert not (missing := undefined_names(block)), f"{block} uses names it never defines or imports: {missing}"
+        name = re.sub(r"\W", "_", str(block))
+        defines_tests = re.search(r"^(def test_|class \w+\(.*TestCase\))", block.code, re.M)
+        text = block.code if defines_tests else SHOP_TEST_MODULE.format(code=block.code, name=name, where=str(block))
+        (tmp_path / f"test_{name}.py").write_text(text)
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'shop.sqlite3'}", "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    shop = ROOT / "example_project"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", shop / "pytest.ini", "--rootdir", shop],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    passed = re.search(r"(\d+) passed", done.stdout)
+    assert passed and int(passed[1]) >= len(SHOP), done.stdout  # every block ran at least one test
 
 
 def test_the_marker_stands_before_a_python_block():
@@ -162,11 +212,11 @@ def test_the_undefined_name_check_sees_inside_functions():
     assert undefined_names(block) == {"send_the_email"}
 
 
-@pytest.mark.django_db(databases="__all__")
+@pytest.mark.django_db
 @pytest.mark.usefixtures("isolated_declarations")
 def test_the_quickstart_reaches_an_acked_message_a_dead_letter_and_its_replay(request, dbqueue, capsys):
     """Steps 3 to 6 in order, with a worker's rules between them, as a newcomer runs them."""
-    blocks = [block for block in RUNNABLE if block.page == "quickstart.md"]
+    blocks = [block for block in HERE if block.page == "quickstart.md"]
 
     def the_block(containing: str) -> Block:
         (found,) = [block for block in blocks if containing in block.code]
@@ -184,7 +234,7 @@ def test_the_quickstart_reaches_an_acked_message_a_dead_letter_and_its_replay(re
     assert len(dbqueue.enqueued("emails")) == 1
 
 
-@pytest.mark.django_db(databases="__all__")
+@pytest.mark.django_db
 def test_the_quickstart_names_every_table_migrate_creates():
     text = (DOCS / "quickstart.md").read_text()
     models = apps.get_app_config("django_dbqueue").get_models()
