@@ -45,6 +45,17 @@ ENQUEUE_REFUSALS = [
     ("q", {}, {"run_at": datetime(2030, 1, 1)}, InvalidOption, "run_at must be timezone-aware"),
     ("q", {}, {"expires_at": "tomorrow"}, InvalidOption, "expires_at must be a datetime"),
     ("q", {}, {"max_attempts": 0}, InvalidOption, "max_attempts must be an integer from 1"),
+    # group, unique and debounce: docs/api.md's InvalidOption row names each.
+    ("q", {}, {"group": ""}, InvalidOption, "group must be a non-empty string"),
+    ("q", {}, {"group": 5}, InvalidOption, "group must be a non-empty string"),
+    ("q", {}, {"group": "g" * 256}, InvalidOption, "group is 256 characters; the limit is 255"),
+    ("q", {}, {"unique": "always", "key": "k"}, InvalidOption, 'unique must be "until-finished" or a timedelta'),
+    ("q", {}, {"unique": timedelta(0), "key": "k"}, InvalidOption, "unique must be > 0 seconds"),
+    ("q", {}, {"unique": timedelta(seconds=5)}, InvalidOption, "give key= as well"),
+    ("q", {}, {"debounce": -1, "key": "k"}, InvalidOption, "debounce must be > 0 seconds"),
+    ("q", {}, {"debounce": 5}, InvalidOption, "give key= as well"),
+    ("q", {}, {"unique": timedelta(seconds=5), "debounce": 5, "key": "k"}, InvalidOption, "not both"),
+    ("q", {}, {"debounce": 5, "key": "k", "delay": 3}, InvalidOption, "leave out delay and run_at"),
     ("q", {}, {"prioritty": 1}, UnknownOption, "unknown enqueue option(s) 'prioritty'"),
 ]
 
