@@ -13,7 +13,7 @@ from typing import Any
 
 from . import signals, validation
 from .db.errors import with_retries
-from .exceptions import DbQueueError
+from .exceptions import DbQueueError, InvalidOption
 from .models import ArchivedMessage, Message, Outcome, QueueState, events
 from .operations import build_message, finish
 
@@ -25,6 +25,8 @@ def replay(archived: ArchivedMessage, *, by: str = "", payload: Any = None, forc
     which message it was replayed; a second replay of the same row is refused
     unless ``force``. ``payload`` replaces the original (edit and replay).
     """
+    if not isinstance(archived, ArchivedMessage):
+        raise InvalidOption(f"replay() takes an archived message (an ArchivedMessage), not {archived!r}")
     using = archived._state.db or "default"
     new_payload = archived.payload if payload is None else validation.validate_payload(payload)
 
@@ -72,7 +74,7 @@ def cancel(message: Message | int, *, by: str = "", using: str = "default") -> C
     if isinstance(message, Message):
         using, pk = message._state.db or using, message.pk
     else:
-        pk = message
+        pk = validation.message_id(message)
     manager = Message.objects.using(using)
     error = f"cancelled by {by}" if by else "cancelled"
     # A message claimed (or given back) between the two statements is caught on the next round.
@@ -89,13 +91,22 @@ def cancel(message: Message | int, *, by: str = "", using: str = "default") -> C
 
 def run_now(message: Message) -> bool:
     """Make a scheduled (or backing-off) message ready now. In-flight messages are left alone."""
+    _live(message, "run_now")
     return Message.objects.using(message._state.db or "default").run_now(message.pk)
 
 
 def release_lease(message: Message) -> bool:
     """Take an in-flight message back from its worker: ready again in its place, under a new claim later."""
+    _live(message, "release_lease")
     using = message._state.db or "default"
     return Message.objects.using(using).filter(pk=message.pk).give_back(count_attempt=True) == 1
+
+
+def _live(message: Any, what: str) -> None:
+    """Refuse anything but a saved live message: an id alone would say nothing of its database."""
+    if not isinstance(message, Message):
+        raise InvalidOption(f"{what}() takes a live message (a Message), not {message!r}")
+    validation.message_id(message.pk)
 
 
 def set_paused(queue: str, paused: bool, *, by: str = "", using: str = "default") -> QueueState:

@@ -7,7 +7,7 @@ import math
 import re
 import textwrap
 import uuid
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from itertools import repeat
 from typing import Any, cast
@@ -79,6 +79,14 @@ MAX_JSON_BYTES = 1_000_000
 # The longest delay anything accepts: ten years. A delay past year 9999
 # overflows every database's timestamp.
 MAX_DELAY_SECONDS = 10 * 365 * 86400.0
+# The latest time a run_at or expires_at may name, in UTC: MySQL's DATETIME and
+# Python's datetime end with year 9999, and a time zone's offset must not carry
+# a value past that end when it is converted (a day spare).
+LATEST_TIME = datetime(9999, 12, 30, tzinfo=UTC)
+# Integers longer than this are refused: Python reads no longer one from JSON
+# (``sys.set_int_max_str_digits``), so a worker could not load the message.
+MAX_INT_DIGITS = 4300
+_INT_LIMIT = 10**MAX_INT_DIGITS
 
 
 def text_problem(text: str, path: str) -> str | None:
@@ -112,6 +120,11 @@ def json_problem(value: Any, path: str, *, max_depth: int = MAX_JSON_DEPTH) -> s
             continue
         if isinstance(item, float) and not math.isfinite(item):
             return f"{where} is {item!r}, which JSON cannot represent"
+        if isinstance(item, int) and not -_INT_LIMIT < item < _INT_LIMIT:
+            return (
+                f"{where} is an integer of more than {MAX_INT_DIGITS:,} digits, which a JSON reader refuses "
+                "(Python's int_max_str_digits); store it as a string"
+            )
         if isinstance(item, JSON_SCALARS):
             continue
         if not isinstance(item, dict | list | tuple):
@@ -200,13 +213,18 @@ def _plain_json(value: Any) -> str | None:
     return text
 
 
-def json_size_problem(value: Any, path: str, limit: int = MAX_JSON_BYTES) -> str | None:
-    """Why ``value`` (already plain JSON) is too large to store, or None."""
-    size = len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+def json_size_problem(value: Any, path: str, limit: int = MAX_JSON_BYTES, *, text: str | None = None) -> str | None:
+    """Why ``value`` (already plain JSON) is too large to store, or None.
+
+    The limit counts the text that is written: ``json.dumps``'s, which
+    escapes every non-ASCII character (``\\u00e9``), up to three times its
+    UTF-8 size. ``text``: that text, when the caller has it already.
+    """
+    size = len(json.dumps(value) if text is None else text)
     if size > limit:
         return (
-            f"{path} is {size:,} bytes as JSON; the limit is {limit:,} bytes "
-            "(store large data elsewhere and pass a reference)"
+            f"{path} is {size:,} bytes as stored JSON (non-ASCII text is written escaped); the limit is "
+            f"{limit:,} bytes (store large data elsewhere and pass a reference)"
         )
     return None
 
@@ -219,9 +237,7 @@ def validate_payload(payload: Any) -> Any:
 def payload_json(payload: Any) -> str:
     """Check a payload and return the JSON text an INSERT stores: one ``json.dumps`` serves the check and the write.
 
-    The stored text escapes non-ASCII characters, so it is never shorter
-    than the payload's UTF-8 size that the limit counts: only a text over
-    the limit needs measuring again.
+    The limit counts this text, as written (non-ASCII escaped).
     """
     if payload is None:
         raise PayloadNotSerializable("payload is None; pass {} for an empty payload")
@@ -230,7 +246,7 @@ def payload_json(payload: Any) -> str:
         if (why := json_problem(payload, "payload")) is not None:
             raise PayloadNotSerializable(why)
         text = json.dumps(payload)
-    if len(text) > MAX_JSON_BYTES and (why := json_size_problem(payload, "payload")) is not None:
+    if len(text) > MAX_JSON_BYTES and (why := json_size_problem(payload, "payload", text=text)) is not None:
         raise PayloadNotSerializable(why)
     return text
 
@@ -316,12 +332,30 @@ def seconds(value: Any, name: str, *, allow_zero: bool = True) -> float:
 
 
 def aware_datetime(value: Any, name: str) -> datetime | None:
+    """A timezone-aware datetime that every database stores (not past :data:`LATEST_TIME`), or None."""
     if value is None:
         return None
     if not isinstance(value, datetime):
         raise InvalidOption(f"{name} must be a datetime, not {type(value).__name__}")
     if timezone.is_naive(value):
         raise InvalidOption(f"{name} must be timezone-aware (got naive {value.isoformat()})")
+    try:
+        late = value > LATEST_TIME
+    except OverflowError:  # its offset carries it past year 9999 in UTC
+        late = True
+    if late:
+        raise InvalidOption(
+            f"{name} is {value.isoformat()}; the latest time a message may name is {LATEST_TIME:%Y-%m-%d} UTC"
+        )
+    return value
+
+
+def message_id(value: Any, what: str = "message") -> int:
+    """A message's id: a positive integer. Django would make 15 of 15.5 (and match nothing with None): refused."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidOption(f"{what} must be a Message or its integer id, not {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise InvalidOption(f"{what} id must be a positive integer, not {value!r}")
     return value
 
 

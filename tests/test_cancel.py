@@ -296,3 +296,26 @@ def alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("bad", [15.5, None, "15", True, 0, -3])
+def test_cancel_refuses_an_id_that_is_not_a_positive_integer_and_changes_nothing(bad):
+    """cancel(15.5) cancelled message 15 (Django made 15 of it); cancel(None) answered GONE."""
+    message = django_dbqueue.enqueue("q", {})
+    Message.objects.filter(pk=message.pk).update(id=15)
+    with pytest.raises(InvalidOption, match=repr(bad).replace("'", ".").replace("(", ".").replace(")", ".")):
+        control.cancel(bad)
+    assert Message.objects.filter(pk=15).exists() and ArchivedMessage.objects.count() == 0
+
+
+def test_the_other_id_taking_controls_refuse_what_is_not_their_message():
+    message = django_dbqueue.enqueue("q", {})
+    for call, what in (
+        (lambda: control.run_now(message.pk + 0.5), "run_now"),
+        (lambda: control.release_lease(message.pk), "release_lease"),
+        (lambda: control.replay(message.pk), "replay"),
+        (lambda: Message.objects.locate(float(message.pk)), "message must be a Message or its integer id"),
+    ):
+        with pytest.raises(InvalidOption, match=what):
+            call()
+    assert Message.objects.get().pk == message.pk and ArchivedMessage.objects.count() == 0

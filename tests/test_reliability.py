@@ -49,7 +49,11 @@ UNSTORABLE = [
     ({}, {"key": "\udfff"}, "lone surrogate"),
     (nested(validation.MAX_JSON_DEPTH + 1), {}, f"the limit is {validation.MAX_JSON_DEPTH}"),
     (nested(2000), {}, f"the limit is {validation.MAX_JSON_DEPTH}"),  # was a bare RecursionError
-    ({"blob": "x" * (validation.MAX_JSON_BYTES + 1)}, {}, "bytes as JSON; the limit is 1,000,000"),
+    (
+        {"blob": "x" * (validation.MAX_JSON_BYTES + 1)},
+        {},
+        "bytes as stored JSON .non-ASCII text is written escaped.; the limit is 1,000,000",
+    ),
 ]
 
 
