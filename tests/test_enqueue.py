@@ -174,13 +174,18 @@ def test_without_returning_the_clock_is_read_first_and_the_id_taken_from_the_ins
     assert message.available_at == stored.available_at == stored.created_at + timedelta(seconds=5)
 
 
-def test_the_size_limit_counts_utf8_though_the_stored_text_escapes_non_ascii():
-    """The INSERT's JSON escapes "é" to six characters; the limit counts its two UTF-8 bytes, as it always did."""
-    within = {"text": "é" * 400_000}  # 800,000 bytes in UTF-8, 2,400,000 characters escaped
+def test_the_size_limit_counts_the_stored_text_in_which_non_ascii_is_escaped():
+    """The INSERT's JSON escapes "é" to six characters: the limit counts those, what the statement carries.
+
+    Counted in UTF-8 (two bytes), 500,000 of them passed the check and made a
+    3 MB row, and a batch of such rows passed MySQL's max_allowed_packet.
+    """
+    within = {"text": "é" * 160_000}  # 960,012 characters stored
     message = django_dbqueue.enqueue("q", within)
     assert Message.objects.get(pk=message.pk).payload == within
-    with pytest.raises(PayloadNotSerializable, match="bytes as JSON; the limit is 1,000,000"):
-        django_dbqueue.enqueue("q", {"text": "é" * 500_001})
+    over = {"text": "é" * 170_000}  # 340,000 bytes in UTF-8, but 1,020,012 characters stored
+    with pytest.raises(PayloadNotSerializable, match=r"1,020,012 bytes as stored JSON.*the limit is 1,000,000"):
+        django_dbqueue.enqueue("q", over)
     assert Message.objects.count() == 1
 
 
@@ -211,3 +216,28 @@ def test_messages_built_by_enqueue_share_no_headers():
     first.headers["mine"] = True
     assert second.headers == {} and Message.unsaved(queue="q").headers == {}
     assert first.pk != second.pk and first._state.adding is False and Message.unsaved(queue="q")._state.adding
+
+
+def test_enqueue_many_of_large_payloads_fits_its_statements_to_the_servers_packet():
+    """Twenty payloads of 0.9 MB: MariaDB refused them as one statement (error 1153, max_allowed_packet 16 MiB)."""
+    payloads = [{"n": n, "blob": "x" * 900_000} for n in range(20)]
+    messages = django_dbqueue.enqueue_many("q", payloads)
+    assert len(messages) == 20
+    assert sorted(Message.objects.values_list("payload__n", flat=True)) == list(range(20))
+
+
+def test_keyed_messages_of_one_batch_fit_the_servers_packet_too():
+    """The keyed rows of a batch (here from the outbox, one key per order) take the other INSERT."""
+    from django_dbqueue import outbox
+    from tests.testapp.models import Order
+
+    rule = outbox.enqueue_on_save(
+        Order, "q", payload=lambda o: {"blob": "y" * 900_000, "n": o.number}, key=lambda o: o.number
+    )
+    try:
+        with transaction.atomic():
+            orders = Order.objects.bulk_create([Order(number=f"o{n}") for n in range(20)])
+            written = outbox.enqueue_saved(orders, created=True)
+    finally:
+        rule.disconnect()
+    assert len(written) == 20 and Message.objects.count() == 20

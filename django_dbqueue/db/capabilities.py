@@ -61,3 +61,25 @@ def runs_repeatable_read(using: str) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT @@SESSION.{variable}")
         return str(cursor.fetchone()[0]).upper() == "REPEATABLE-READ"
+
+
+def statement_bytes(using: str) -> int | None:
+    """The largest statement the server accepts, in bytes: MySQL's ``max_allowed_packet``; None where unbounded.
+
+    Read once per connection (the session's value is fixed when it opens)
+    and kept beside the driver's connection object, so a reconnect reads
+    it again. PostgreSQL and SQLite have no such limit a queue would meet.
+    """
+    connection = connections[using]
+    if connection.vendor != "mysql":
+        return None
+    connection.ensure_connection()
+    raw = connection.connection
+    kept = getattr(connection, "_dbqueue_packet", None)
+    if kept is not None and kept[0] is raw:
+        return cast(int, kept[1])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@max_allowed_packet")
+        (size,) = cursor.fetchone()
+    connection._dbqueue_packet = (raw, int(size))  # type: ignore[attr-defined]
+    return int(size)

@@ -30,7 +30,7 @@ from ..conf import database_for, get_settings, queue_options
 from ..db.clock import DbNow, db_now, insert_returns_expressions
 from ..db.errors import DATABASE_TROUBLE, outcome_unknown, with_retries
 from ..db.transactions import short_transaction, write_transaction
-from ..exceptions import InvalidOption, NotClaimed, UnknownOption
+from ..exceptions import InvalidOption, NotClaimed, PayloadNotSerializable, UnknownOption
 from . import events, flow, landed
 from .archive import ArchivedMessage, Outcome
 from .consuming import ConsumerActions
@@ -50,6 +50,7 @@ from .statements import (
     insert_message,
     insert_messages,
     lock_leased,
+    statement_chunks,
 )
 
 
@@ -125,36 +126,66 @@ def default_worker_name() -> str:
 
 
 def build_message(queue: str, payload: Any, options: dict[str, Any]) -> tuple[Message, float | None]:
-    """Validate one message's options and build it (unsaved). Returns it and its delay."""
+    """Validate one message's options and build it (unsaved). Returns it and its delay.
+
+    The one set of checks every producer's messages pass (enqueue,
+    enqueue_many, publish, the outbox, the Tasks backend, schedules, replay,
+    request/reply), in one order: option names, queue, kind, headers (after
+    the header hooks, so a hook's headers are checked too), key and group,
+    payload, priority, attempts, times, then the key's rules (unique window,
+    debounce). Nothing is written before all of them pass.
+    """
     unknown = set(options) - ENQUEUE_OPTIONS
     if unknown:
         raise UnknownOption(
             f"unknown enqueue option(s) {', '.join(sorted(map(repr, unknown)))}; "
             f"known: {', '.join(sorted(ENQUEUE_OPTIONS))}"
         )
+    queue = validation.validate_queue_name(queue)
+    kind = validation.validate_kind(options.get("kind", ""))
+    headers = message_headers(queue, kind, options.get("headers"))
+    key = validation.validate_key(options.get("key"))
+    group = validation.validate_key(options.get("group"), "group")
+    payload_json = validation.payload_json(payload)
+    priority = validation.validate_priority(options.get("priority", 0))
+    max_attempts = validation.validate_max_attempts(options.get("max_attempts"))
     delay = options.get("delay")
+    seconds = None if delay is None else validation.seconds(delay, "delay")
     run_at = validation.aware_datetime(options.get("run_at"), "run_at")
     if delay is not None and run_at is not None:
         raise InvalidOption("give delay or run_at, not both")
-    payload_json = validation.payload_json(payload)
+    expires_at = validation.aware_datetime(options.get("expires_at"), "expires_at")
+    window, debounce = flow.key_rules(key, options, delay, run_at)
     message = Message.unsaved(
-        queue=validation.validate_queue_name(queue),
+        queue=queue,
         payload=payload,
-        kind=validation.validate_kind(options.get("kind", "")),
-        key=validation.validate_key(options.get("key")),
-        group=validation.validate_key(options.get("group"), "group"),
-        headers=validation.validate_headers(options.get("headers")),
-        priority=validation.validate_priority(options.get("priority", 0)),
-        max_attempts=validation.validate_max_attempts(options.get("max_attempts")),
-        expires_at=validation.aware_datetime(options.get("expires_at"), "expires_at"),
+        kind=kind,
+        key=key,
+        group=group,
+        headers=headers,
+        priority=priority,
+        max_attempts=max_attempts,
+        expires_at=expires_at,
     )
     message.keep_payload_json(payload_json)
     if run_at is not None:
         message.available_at = message.first_available_at = run_at
-    message._dbqueue_window, message._dbqueue_debounce = flow.key_rules(message.key, options, delay, run_at)
+    message._dbqueue_window, message._dbqueue_debounce = window, debounce
+    return message, seconds
+
+
+def message_headers(queue: str, kind: str, headers: Any) -> dict[str, Any]:
+    """A message's headers: the producer's, then each header hook's (trace context), then checked, all of them.
+
+    The hooks run before the check, so a hook cannot slip in a value that
+    one database would store and another refuse. With no hooks (the
+    default) this costs one test of an empty list.
+    """
+    if headers is not None and not isinstance(headers, dict):
+        raise PayloadNotSerializable(f"headers must be a dict, not {type(headers).__name__}")
     if propagation.hooks:  # trace context and the like (docs/tracing.md)
-        message.headers = propagation.outgoing(message.queue, message.kind, message.headers)
-    return message, None if delay is None else validation.seconds(delay, "delay")
+        headers = propagation.outgoing(queue, kind, dict(headers or {}))
+    return validation.validate_headers(headers)
 
 
 class Claimed(list["Message"]):
@@ -273,6 +304,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
         A message keeps its id in the archive as ``message_id``; ``match``
         narrows both lookups (a queue, a kind).
         """
+        validation.message_id(pk)
         live = self.filter(pk=pk, **match).first()
         if live is not None:
             return live
@@ -299,14 +331,16 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 "one key for many payloads would keep only the first; give keys one by one with enqueue()"
             )
         if not payloads:
+            build_message(queue, {}, options)  # bad options are refused with no payloads too
             return []
         # The options are the same for every payload: checked once, on the first message.
         first, delay = build_message(queue, payloads[0], options)
-        headers = validation.validate_headers(options.get("headers"))
+        headers = options.get("headers") or {}  # checked by build_message, with or without hooks
 
         def copy(payload: Any) -> Message:
-            # Each message its own headers, and its own trace context where hooks add one (docs/tracing.md).
-            own = propagation.outgoing(queue, first.kind, dict(headers)) if propagation.hooks else dict(headers)
+            # Each message its own headers, and its own trace context where hooks add one (docs/tracing.md),
+            # checked as build_message checks the first's.
+            own = message_headers(queue, first.kind, headers) if propagation.hooks else dict(headers)
             return first.with_payload(payload, own)
 
         pending = [(first, delay), *((copy(payload), delay) for payload in payloads[1:])]
@@ -338,9 +372,6 @@ class MessageQuerySet(models.QuerySet["Message"]):
         scheduled = message.available_at is not None  # run_at was given
         returned = insert_returns_expressions(using)
 
-        window = getattr(message, "_dbqueue_window", None)
-        debounce = getattr(message, "_dbqueue_debounce", None)
-
         def insert() -> bool:
             if message.key is None:  # the common case, in one hand-written statement
                 insert_message(using, message, None if scheduled else delay or 0)
@@ -348,14 +379,10 @@ class MessageQuerySet(models.QuerySet["Message"]):
             on = self.using(using)
             now = DbNow() if returned else db_now(using)
             message.created_at = now
-            if debounce is not None:
-                return on._debounce(message, debounce, now)
-            if not scheduled:
+            if not scheduled and getattr(message, "_dbqueue_debounce", None) is None:
                 later = DbNow(delay or 0) if returned else now + timedelta(seconds=delay or 0)
                 message.available_at = message.first_available_at = later
-            if window is not None:
-                return on._insert_in_window(message, window)
-            return on._insert_or_get(message)
+            return on._insert_keyed_one(message, now)
 
         group = message.group
         if group is not None and flow.takes_turns(using, message.queue):
@@ -368,6 +395,21 @@ class MessageQuerySet(models.QuerySet["Message"]):
 
         message._dbqueue_created = with_retries(using, insert, what="enqueue")
         return message
+
+    def _insert_keyed_one(self, message: Message, now: datetime | DbNow) -> bool:
+        """Insert one keyed message by its key's rules: debounce, a unique window, or plain "until finished".
+
+        The one place those rules are applied, whichever producer built the
+        message (one message, or one of a batch inside its transaction).
+        ``now``: the database's time as the caller has it.
+        """
+        debounce = getattr(message, "_dbqueue_debounce", None)
+        if debounce is not None:
+            return self._debounce(message, debounce, now)
+        window = getattr(message, "_dbqueue_window", None)
+        if window is not None:
+            return self._insert_in_window(message, window)
+        return self._insert_or_get(message)
 
     def _adopt(self, message: Message, live: Message) -> None:
         """Make ``message`` (this call's, unsaved) the live one it ran into: the caller gets what is in the table."""
@@ -416,12 +458,17 @@ class MessageQuerySet(models.QuerySet["Message"]):
         waiting = self.filter(queue=message.queue, key=message.key, lease_token__isnull=True, attempts=0)
         due = DbNow(seconds) if isinstance(now, DbNow) else now + timedelta(seconds=seconds)
         for _ in range(10):
-            if waiting.update(**mine, available_at=due, first_available_at=due) == 1:
+            # Replaced in place only within its group: a FIFO group's order is its ids', and a waiting
+            # message moved into another group with its old, lower id would jump ahead of that group's
+            # head (even one in flight). A move leaves its old row for a new one, last in its new group.
+            if waiting.filter(group=message.group).update(**mine, available_at=due, first_available_at=due) == 1:
                 live = self.filter(queue=message.queue, key=message.key).first()
                 if live is not None:
                     self._adopt(message, live)
                     return False
                 continue  # run now, or cancelled, in between: start again
+            if self._move_group(waiting, message, mine, due):
+                return False
             fresh = Message(queue=message.queue, key=message.key, created_at=message.created_at, **mine)
             fresh.available_at = fresh.first_available_at = due
             created = self._insert_or_get(fresh)
@@ -430,6 +477,24 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 return created
             # Another producer inserted it first: replace its payload on the next turn.
         raise IntegrityError(f"could not debounce key {message.key!r} in queue {message.queue!r} after 10 tries")
+
+    def _move_group(self, waiting: MessageQuerySet, message: Message, mine: dict[str, Any], due: Any) -> bool:
+        """Replace the key's waiting message of another group by a new row (a new id); False when there is none.
+
+        One transaction: the old row is deleted and the new one inserted
+        under the same key, so the key never has two messages, nor none.
+        """
+        using = self.db
+        with write_transaction(using):
+            old = list(waiting.exclude(group=message.group).select_for_update().values_list("pk", flat=True))
+            if not old or self.filter(pk__in=old)._raw_delete(using) != 1:
+                return False  # nothing waiting (taken, finished or replaced in between): the caller goes on
+            fresh = Message(queue=message.queue, key=message.key, created_at=message.created_at, **mine)
+            fresh.available_at = fresh.first_available_at = due
+            fresh.save(using=using, force_insert=True)
+        self._adopt(message, fresh)
+        message._state.adding = False
+        return True
 
     def _insert_or_get(self, message: Message) -> bool:
         """Insert a keyed message unless its key is live; the unique index decides races."""
@@ -479,13 +544,16 @@ class MessageQuerySet(models.QuerySet["Message"]):
             insert_messages(using, plain, batch)
             for message in plain:
                 message._dbqueue_created = True
-            keyed = [m for m in messages if m.key is not None]
+            keyed = [m for m in messages if m.key is not None and not _has_key_rules(m)]
+            for message in messages:
+                if message.key is not None and _has_key_rules(message):
+                    message._dbqueue_created = self._insert_keyed_one(message, now)
             if not keyed:
                 return messages
             live = self._insert_keyed(keyed, batch)
             result = []
             for message in messages:
-                if message.key is None:
+                if message.key is None or _has_key_rules(message):
                     result.append(message)
                     continue
                 row = live[(message.queue, message.key)]
@@ -505,7 +573,8 @@ class MessageQuerySet(models.QuerySet["Message"]):
         live: dict[tuple[str, str | None], Message] = {}
         missing = keyed
         for _ in range(10):
-            self.bulk_create(missing, batch_size=batch, ignore_conflicts=True)
+            for chunk in statement_chunks(self.db, missing, batch, _json_bytes):
+                self.bulk_create(chunk, ignore_conflicts=True)
             by_queue: dict[str, set[str]] = defaultdict(set)
             for message in missing:
                 assert message.key is not None  # keyed messages only
@@ -869,6 +938,18 @@ class MessageQuerySet(models.QuerySet["Message"]):
                 return rows, archived
 
         return with_retries(using, run, what="expiry")
+
+
+def _json_bytes(message: Message) -> int:
+    """A message's payload and headers as the INSERT writes them (JSON text, non-ASCII escaped), in bytes."""
+    return len(message.payload_json()) + (len(json.dumps(message.headers)) if message.headers else 2)
+
+
+def _has_key_rules(message: Message) -> bool:
+    """Whether ``message`` carries a unique window or a debounce, which its key's insert must apply."""
+    return (
+        getattr(message, "_dbqueue_window", None) is not None or getattr(message, "_dbqueue_debounce", None) is not None
+    )
 
 
 class _Refused(Exception):

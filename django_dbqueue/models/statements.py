@@ -10,13 +10,13 @@ clock, RETURNING) come from `django_dbqueue.db`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections
 
-from ..db.capabilities import writable_ctes
+from ..db.capabilities import statement_bytes, writable_ctes
 from ..db.clock import aware_clock, compile_now, db_now, now_plus_seconds
 from ..db.sql import array_columns, insert_returns_ids, json_param, quoter
 
@@ -256,6 +256,7 @@ def inserted_values(m: Message, adapt: Callable[[Any], Any]) -> list[Any]:
 
 CLOCKED = ("available_at", "first_available_at", "created_at")
 PAYLOAD = INSERTED.index("payload")
+HEADERS = INSERTED.index("headers")
 AVAILABLE_AT = INSERTED.index("available_at")
 CREATED_AT = INSERTED.index("created_at")
 COLUMNS = range(len(INSERTED))
@@ -331,6 +332,47 @@ def _insert_sql(using: str, name: str, size: int) -> str:
     return sql
 
 
+# A row's bytes in a statement besides its payload and headers, at most: its names (queue, kind,
+# key, group: 674 characters of up to 4 bytes, escaped) and its numbers and times; and the
+# statement's own text. MySQL's escaping at most doubles a value (quotes, backslashes).
+ROW_BYTES = 6 * 1024
+STATEMENT_BYTES = 4 * 1024
+Item = TypeVar("Item")
+
+
+def statement_chunks(
+    using: str, items: Sequence[Item], per_statement: int, json_bytes: Callable[[Item], int]
+) -> Iterator[Sequence[Item]]:
+    """``items`` in runs of at most ``per_statement`` rows whose statement fits the server's packet.
+
+    ``json_bytes``: an item's payload and headers, as JSON text. Only
+    MySQL/MariaDB bound a statement (``max_allowed_packet``): twenty
+    payloads near the 1 MB limit are one statement on PostgreSQL, and
+    error 1153 on MariaDB if sent as one. Each row is counted at its worst
+    (escaping doubles it) plus :data:`ROW_BYTES`, so a run never passes.
+    """
+    limit = statement_bytes(using)
+    if limit is None:
+        for start in range(0, len(items), per_statement):
+            yield items[start : start + per_statement]
+        return
+    budget = limit - STATEMENT_BYTES
+    start, used = 0, 0
+    for end, item in enumerate(items):
+        size = 2 * json_bytes(item) + ROW_BYTES
+        if end > start and (end - start >= per_statement or used + size > budget):
+            yield items[start:end]
+            start, used = end, 0
+        used += size
+    if start < len(items):
+        yield items[start:]
+
+
+def row_json_bytes(row: list[Any]) -> int:
+    """A row of :func:`inserted_values`: its payload's and headers' JSON text, in bytes (ASCII: escaped)."""
+    return len(row[PAYLOAD]) + len(row[HEADERS])
+
+
 def insert_messages(using: str, messages: list[Message], batch_size: int) -> None:
     """Multi-row INSERT of unsaved, validated messages; sets their ids where the database returns them.
 
@@ -359,10 +401,12 @@ def insert_messages(using: str, messages: list[Message], batch_size: int) -> Non
         per_statement = max(1, min(batch_size, connection.features.max_query_params // len(INSERTED)))
     head = f"INSERT INTO {qn(MESSAGE_TABLE)} ({', '.join(qn(c) for c in INSERTED)}) "
     arrays = array_columns(using, [str(Message._meta.get_field(attribute(c)).db_type(connection)) for c in INSERTED])
+    every_row = [inserted_values(m, adapt) for m in messages]
+    done = 0
     with connection.cursor() as cursor:
-        for start in range(0, len(messages), per_statement):
-            chunk = messages[start : start + per_statement]
-            rows = [inserted_values(m, adapt) for m in chunk]
+        for rows in statement_chunks(using, every_row, per_statement, row_json_bytes):
+            chunk = messages[done : done + len(rows)]
+            done += len(rows)
             if arrays:
                 # One array per column: as many parameters as columns, whatever the rows, which the
                 # driver prepares in no time (with one placeholder per value, that was half the cost).
