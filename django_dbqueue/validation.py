@@ -332,7 +332,7 @@ def seconds(value: Any, name: str, *, allow_zero: bool = True) -> float:
 
 
 def aware_datetime(value: Any, name: str) -> datetime | None:
-    """A timezone-aware datetime that every database stores (not past :data:`LATEST_TIME`), or None."""
+    """A timezone-aware datetime that every database stores (not past ``LATEST_TIME``), or None."""
     if value is None:
         return None
     if not isinstance(value, datetime):

@@ -349,7 +349,7 @@ def statement_chunks(
     MySQL/MariaDB bound a statement (``max_allowed_packet``): twenty
     payloads near the 1 MB limit are one statement on PostgreSQL, and
     error 1153 on MariaDB if sent as one. Each row is counted at its worst
-    (escaping doubles it) plus :data:`ROW_BYTES`, so a run never passes.
+    (escaping doubles it) plus ``ROW_BYTES``, so a run never passes.
     """
     limit = statement_bytes(using)
     if limit is None:
@@ -369,7 +369,7 @@ def statement_chunks(
 
 
 def row_json_bytes(row: list[Any]) -> int:
-    """A row of :func:`inserted_values`: its payload's and headers' JSON text, in bytes (ASCII: escaped)."""
+    """A row of ``inserted_values``: its payload's and headers' JSON text, in bytes (ASCII: escaped)."""
     return len(row[PAYLOAD]) + len(row[HEADERS])
 
 
