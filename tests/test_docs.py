@@ -13,6 +13,7 @@ pytest fixtures. A block that starts with ``# settings.py`` runs after what
 
 from __future__ import annotations
 
+import ast
 import builtins
 import gc
 import inspect
@@ -126,8 +127,21 @@ def isolated_declarations():
     gc.collect()  # receivers connected weakly go with the block's namespace
 
 
+def ellipsis_items(block: Block) -> list[int]:
+    """Lines where ``...`` stands as an item of a list, tuple or set: pasted, it is an item (write ``# ...``)."""
+    tree = ast.parse(block.code)
+    return [
+        item.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.List | ast.Tuple | ast.Set)
+        for item in node.elts
+        if isinstance(item, ast.Constant) and item.value is Ellipsis
+    ]
+
+
 def run_block(block: Block, request: pytest.FixtureRequest) -> dict:
     assert not (missing := undefined_names(block)), f"{block} uses names it never defines or imports: {sorted(missing)}"
+    assert not (lines := ellipsis_items(block)), f"{block}: a literal ... as an item on line(s) {lines}"
     namespace: dict = {"__name__": f"docs_{block.page[:-3].replace('-', '_')}_{block.line}"}
     if is_settings(block):
         namespace.update(startproject_settings())
