@@ -250,19 +250,78 @@ def test_passes_through_a_dst_change_always_wait_for_a_later_slot_and_fire_each_
     assert len(nights) == 4 and all(b - a == timedelta(days=1) for a, b in itertools.pairwise(nights))
 
 
+BACK_AFTER_MISSING_THE_NIGHTS_SLOT = [
+    # (zone, expression, the night's slot, back at, the next night's slot): down from two hours before the slot.
+    # Back in the repeated hour's second pass, after its first pass's slot:
+    pytest.param(
+        "Europe/Berlin",
+        "30 2 * * *",
+        at(2026, 10, 25, 0, 30),
+        at(2026, 10, 25, 1, 10),
+        at(2026, 10, 26, 1, 30),
+        id="Berlin-autumn",
+    ),
+    pytest.param(
+        "America/New_York",
+        "30 1 * * *",
+        at(2026, 11, 1, 5, 30),
+        at(2026, 11, 1, 6, 10),
+        at(2026, 11, 2, 6, 30),
+        id="New_York-autumn",
+    ),
+    pytest.param(
+        "Australia/Sydney",
+        "30 2 * * *",
+        at(2026, 4, 4, 15, 30),
+        at(2026, 4, 4, 16, 10),
+        at(2026, 4, 5, 16, 30),
+        id="Sydney-autumn",
+    ),
+    pytest.param(
+        "America/Santiago",
+        "30 23 * * *",
+        at(2026, 4, 5, 2, 30),
+        at(2026, 4, 5, 3, 10),
+        at(2026, 4, 6, 3, 30),
+        id="Santiago-autumn",
+    ),
+    # Back just after the spring gap, whose slot is the first moment after it:
+    pytest.param(
+        "Europe/Berlin",
+        "30 2 * * *",
+        at(2026, 3, 29, 1),
+        at(2026, 3, 29, 1, 10),
+        at(2026, 3, 30, 0, 30),
+        id="Berlin-spring",
+    ),
+    pytest.param(
+        "America/New_York",
+        "30 2 * * *",
+        at(2026, 3, 8, 7),
+        at(2026, 3, 8, 7, 10),
+        at(2026, 3, 9, 6, 30),
+        id="New_York-spring",
+    ),
+]
+
+
 @pytest.mark.parametrize("catch_up", ["latest", "all"])
-def test_a_scheduler_back_inside_the_repeated_hour_catches_up_that_nights_slot_once(schedules, catch_up):
-    """Down over Berlin's first 02:30 of 25 October 2026 (00:30 UTC), back at the second 02:10 (01:10 UTC)."""
-    schedules("nightly", cron="30 2 * * *", timezone="Europe/Berlin", queue="s-night", catch_up=catch_up)
-    clock = Clock(at(2026, 10, 24, 12))
+@pytest.mark.parametrize(("zone", "expression", "slot", "back", "following"), BACK_AFTER_MISSING_THE_NIGHTS_SLOT)
+def test_a_scheduler_back_after_a_dst_nights_slot_catches_it_up_once(
+    schedules, catch_up, zone, expression, slot, back, following
+):
+    """Before the fix, back in Berlin's second 02:xx (01:10 UTC) nothing was due: 25 October's slot was skipped."""
+    schedules("nightly", cron=expression, timezone=zone, queue="s-night", catch_up=catch_up)
+    clock = Clock(slot - timedelta(hours=12))
     scheduler = Scheduler(clock=clock)
-    walk(scheduler, clock, at(2026, 10, 25, 0), step=600)
-    clock.now = at(2026, 10, 25, 1, 10)
+    walk(scheduler, clock, slot - timedelta(hours=2), step=600)
+    assert slots_sent("s-night") == []
+    clock.now = back
     report = scheduler.run_once()
-    assert [(fired.slot, fired.trigger) for _, fired in report.fired] == [(at(2026, 10, 25, 0, 30), "catch-up")]
-    assert report.next_slot == at(2026, 10, 26, 1, 30)
-    walk(scheduler, clock, at(2026, 10, 26, 12), step=300)
-    assert slots_sent("s-night") == ["2026-10-25T00:30:00+00:00", "2026-10-26T01:30:00+00:00"]
+    assert [(fired.slot, fired.trigger) for _, fired in report.fired] == [(slot, "catch-up")]
+    assert report.next_slot == following
+    walk(scheduler, clock, following + timedelta(hours=12), step=300)
+    assert slots_sent("s-night") == [slot.isoformat(), following.isoformat()]
 
 
 # --- declarations ---------------------------------------------------------------------------
