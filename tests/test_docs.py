@@ -8,7 +8,8 @@ a handler that calls an undefined function fails here and not in the
 reader's worker. A block that defines ``DBQUEUE`` must be a valid setting;
 a block that defines ``test_*`` functions has them called with their
 pytest fixtures. A block that starts with ``# settings.py`` runs after what
-``startproject`` writes there (``BASE_DIR``, ``DATABASES``).
+``startproject`` writes there (``BASE_DIR``, ``DATABASES``); a ``TASKS``
+entry for the queue's backend must pass the backend's checks.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from django.apps import apps
 from django.db import connection
 
 from django_dbqueue import handlers
-from django_dbqueue.conf import find_problems
+from django_dbqueue.conf import find_problems, task_backend_problems
 from django_dbqueue.models import ArchivedMessage
 from django_dbqueue.schedules import registry
 from tests.support.processes import ROOT
@@ -148,6 +149,9 @@ def run_block(block: Block, request: pytest.FixtureRequest) -> dict:
     exec(compile(block.code, str(block), "exec"), namespace)
     if "DBQUEUE" in namespace:
         assert find_problems(namespace["DBQUEUE"]) == [], f"{block} shows a DBQUEUE setting with problems"
+    for alias, params in namespace.get("TASKS", {}).items():
+        if params.get("BACKEND") == "django_dbqueue.tasks.DatabaseQueueBackend":
+            assert task_backend_problems(params) == [], f"{block} shows a TASKS[{alias!r}] with problems"
     for name, value in list(namespace.items()):
         if name.startswith("test_") and inspect.isfunction(value):
             value(
