@@ -302,6 +302,34 @@ def test_a_worker_whose_connection_is_cut_goes_on_and_loses_nothing(
     assert "lease lost" not in caplog.text  # an ack that committed is not reported as lost
 
 
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_heartbeat_whose_connection_is_cut_keeps_the_lease_at_its_next_beat(
+    fault_proxy, settings, handler, caplog, when
+):
+    """Leases of 3 s, handlers of 4.5 s: the heartbeat (every second) is cut once, logs it, extends at the
+    next beat; no lease runs out, each message runs once and is acked."""
+    queues = {**settings.DBQUEUE["QUEUES"], "px-hb": {"DATABASE": ALIAS, "VISIBILITY_TIMEOUT": 3}}
+    settings.DBQUEUE = {**settings.DBQUEUE, "QUEUES": queues}
+    runs = Counter()
+
+    @handler("px-hb")
+    def slow(message):
+        runs[message.pk] += 1
+        time.sleep(4.5)
+
+    sent = [django_dbqueue.enqueue("px-hb", {"i": i}) for i in range(2)]
+    quote = "`" if connections["default"].vendor == "mysql" else '"'
+    rule = fault_proxy.cut(f"SET {quote}available_at{quote}", when=when)
+    status = QueueWorker(WorkerConfig(queues=["px-hb"], until_empty=True, max_runtime=60, batch_size=2)).run()
+    assert rule.fired.is_set()
+    assert status == ExitStatus.OK
+    for message in sent:
+        finished_once(message, Outcome.ACKED)
+    assert runs == {m.pk: 1 for m in sent}
+    assert "heartbeat failed" in caplog.text
+    assert "lease lost" not in caplog.text
+
+
 # --- the read-back itself, on every database ---------------------------------------------------------
 
 
