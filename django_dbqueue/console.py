@@ -1,7 +1,7 @@
 """The long-running commands' own console, for projects that have not configured logging for django-dbqueue.
 
 Django's ``runserver`` prints its requests without any ``LOGGING`` set up;
-the queue's commands do the same here. :class:`Console` adds a handler to
+the queue's commands do the same here. `Console` adds a handler to
 the ``django_dbqueue`` logger for the command's run only, and only when no
 handler would receive its records otherwise (none on that logger or its
 ancestors): a project that configures logging keeps full control, and
@@ -11,11 +11,11 @@ What it prints follows ``--verbosity``: ``0`` errors only; ``1`` (the
 default) the start-up banner, warnings and errors (a failed message, with
 its error) and the summary on exit; ``2`` a line per finished message and
 everything else at INFO; ``3`` DEBUG as well. ``--json-logs`` prints one JSON
-object per line instead (:class:`JsonFormatter`, which a project's own
+object per line instead (`JsonFormatter`, which a project's own
 ``LOGGING`` can use too).
 
 The commands' records say what they are through one ``extra`` attribute,
-``dbqueue`` (see :func:`event`): a dict with the event's name (``banner``,
+``dbqueue`` (see `event`): a dict with the event's name (``banner``,
 ``message``, ``summary``...) and its fields, which the JSON lines carry as
 they are.
 """

@@ -1,4 +1,4 @@
-"""The one ``--json-logs`` argument and the console of the long-running commands (see :mod:`django_dbqueue.console`)."""
+"""The one ``--json-logs`` argument and the console of the long-running commands (see `django_dbqueue.console`)."""
 
 from __future__ import annotations
 

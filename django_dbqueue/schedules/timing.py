@@ -15,7 +15,7 @@ once, at the first of the two; jobs with ``*`` in the minute or hour field
 follow real time (an hourly job runs 23 or 25 times that day). cronsim
 walks a fixed time in wall-clock time, so asked from the second pass of a
 repeated hour it answers with that hour's first pass, already gone:
-:meth:`Cron.next_after` and :meth:`Cron.latest_until` correct for it, so the
+`Cron.next_after` and `Cron.latest_until` correct for it, so the
 next slot is always later than the moment asked about (docs/schedules.md).
 """
 
