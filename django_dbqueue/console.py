@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any, TextIO
 
 LOGGER = "django_dbqueue"
+MESSAGES = "django_dbqueue.messages"  # the worker's line per finished message
 # Events shown at the default verbosity whatever their level: what the process is and how it ended.
 ALWAYS = frozenset({"banner", "summary"})
 
@@ -126,8 +127,10 @@ class Console:
         self.json_logs = json_logs
         self.stream = stream
         self.logger = logging.getLogger(LOGGER)
+        self.messages = logging.getLogger(MESSAGES)
         self.handler: logging.Handler | None = None
         self._level = self.logger.level
+        self._messages_level = self.messages.level
 
     @property
     def active(self) -> bool:
@@ -143,6 +146,9 @@ class Console:
             return self
         if self.verbosity < 3:
             self.logger.setLevel(logging.INFO)  # the banner and summary are INFO records
+        self._messages_level = self.messages.level
+        if self.verbosity < 2 and self.messages.level == logging.NOTSET:
+            self.messages.setLevel(logging.WARNING)  # no record at all for each acked message at -v 1
         handler = logging.StreamHandler(self.stream or sys.stderr)
         handler.setFormatter(JsonFormatter() if self.json_logs else ConsoleFormatter(self.verbosity))
         handler.addFilter(ConsoleFilter(self.verbosity))
@@ -157,4 +163,5 @@ class Console:
             self.logger.removeHandler(self.handler)
             self.handler.flush()
             self.handler = None
+            self.messages.setLevel(self._messages_level)
         self.logger.setLevel(self._level)

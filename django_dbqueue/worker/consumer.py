@@ -24,7 +24,7 @@ from functools import partial
 
 from django.db import connections
 
-from ..console import event
+from ..console import MESSAGES, event
 from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import DbQueueError
 from ..models import Message, QueueState
@@ -37,7 +37,7 @@ from .writing import GaveUp, Writer, first_line
 
 logger = logging.getLogger("django_dbqueue")
 # A line per finished message: its own logger, so a project can set its level apart (docs/workers.md).
-message_logger = logging.getLogger("django_dbqueue.messages")
+message_logger = logging.getLogger(MESSAGES)
 
 # What record() returns when nothing at all could be written (the lease will expire).
 NOT_RECORDED = "not recorded"
