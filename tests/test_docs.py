@@ -35,6 +35,7 @@ from django_dbqueue.conf import find_problems, task_backend_problems
 from django_dbqueue.models import ArchivedMessage
 from django_dbqueue.schedules import registry
 from tests.support.processes import ROOT
+from tests.test_example_project import example_database_url
 
 MARKER = "<!-- runnable -->"
 DOCS = ROOT / "docs"
@@ -179,7 +180,7 @@ def test_{name}():
 
 
 def test_the_example_shops_blocks_run_in_the_example_project(tmp_path):
-    """Blocks that use the shop's models run under the example project's settings and pytest, on SQLite.
+    """Blocks that use the shop's models run under the example project's settings and pytest, on this database.
 
     A block defining tests (a pytest function, a TestCase) is a test module
     as it stands; any other runs inside a test, in a transaction.
@@ -191,7 +192,7 @@ def test_the_example_shops_blocks_run_in_the_example_project(tmp_path):
         defines_tests = re.search(r"^(def test_|class \w+\(.*TestCase\))", block.code, re.M)
         text = block.code if defines_tests else SHOP_TEST_MODULE.format(code=block.code, name=name, where=str(block))
         (tmp_path / f"test_{name}.py").write_text(text)
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'shop.sqlite3'}", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "DATABASE_URL": example_database_url(tmp_path), "PYTHONPATH": str(ROOT)}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     shop = ROOT / "example_project"
     done = subprocess.run(
