@@ -34,6 +34,7 @@ from django_dbqueue import handlers
 from django_dbqueue.conf import find_problems, task_backend_problems
 from django_dbqueue.models import ArchivedMessage
 from django_dbqueue.schedules import registry
+from django_dbqueue.validation import QUEUE_NAME_MAX_LENGTH
 from tests.support.processes import ROOT
 from tests.test_example_project import example_database_url
 
@@ -264,6 +265,11 @@ def test_the_quickstart_names_every_table_migrate_creates():
     assert listed == created
     count = {10: "ten", 11: "eleven", 12: "twelve", 13: "thirteen"}.get(len(created), str(len(created)))
     assert f"This creates {count} tables" in text
+
+
+def test_the_quickstart_states_the_queue_name_limit():
+    text = " ".join((DOCS / "quickstart.md").read_text().split())
+    assert f"at most {QUEUE_NAME_MAX_LENGTH} characters" in text
 
 
 def linked_pages(text: str) -> set[str]:
