@@ -150,3 +150,25 @@ def test_the_reaper_says_what_it_does(connection_vendor):
         rf"\[[\d:]+\] django-dbqueue \S+ reaper, a pass every 0.2s\n  database     default \({connection_vendor}", err
     )
     assert re.search(r"\] reaper stops after [\d.]+s$", err.rstrip()), err
+
+
+def test_queuemetrics_says_what_it_serves(connection_vendor):
+    pytest.importorskip("prometheus_client")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = start_command("queuemetrics", "--port", port, **NO_LOGGING)
+    try:
+        banner = [server.stderr.readline() for _ in range(2)]  # the banner comes once it listens
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=120)
+    rest = server.stderr.read()
+    server.stdout.close()
+    server.stderr.close()
+    assert server.returncode == 0, rest
+    assert re.fullmatch(rf"\[[\d:]+\] django-dbqueue \S+ metrics on http://127.0.0.1:{port}/metrics\n", banner[0])
+    assert banner[1].startswith(f"  database     default ({connection_vendor}")
+    assert re.search(r"\] metrics server stops$", rest.rstrip()), rest
