@@ -8,10 +8,10 @@ Top-level keys are defaults; ``QUEUES`` overrides them per queue::
         "QUEUES": {"emails": {"MAX_ATTEMPTS": 10}},
     }
 
-The rest of the app asks :func:`get_settings` (global values) or
-:func:`queue_options` (one queue's effective values) and never reads
+The rest of the app asks `get_settings` (global values) or
+`queue_options` (one queue's effective values) and never reads
 ``django.conf.settings`` itself. Problems are reported by the system check
-``django_dbqueue.E001`` and by :class:`ImproperlyConfiguredQueue` at use.
+``django_dbqueue.E001`` and by `ImproperlyConfiguredQueue` at use.
 """
 
 from __future__ import annotations

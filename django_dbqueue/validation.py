@@ -178,7 +178,7 @@ def json_hint(value: Any) -> str:
 
 
 def _plain_json(value: Any) -> str | None:
-    """``value``'s JSON text when it plainly passes :func:`json_problem`; None when only that walk can tell.
+    """``value``'s JSON text when it plainly passes `json_problem`; None when only that walk can tell.
 
     The walk looks at every scalar in Python, and it was most of the cost
     of building a message. Here the JSON encoder (in C) refuses what is not
