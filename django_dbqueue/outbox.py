@@ -118,6 +118,19 @@ def _write(pending: list[tuple[Message, float | None]], target: str | None, sour
         transaction.on_commit(write, using=source)
 
 
+def _check_values(target: Any, payload: Value, kind: Value, key: Value, options: dict[str, Value]) -> None:
+    """Refuse a rule's bad values at registration, by the checks every message passes (``build_message``).
+
+    Values given as callables are checked when the instance gives them,
+    at the save. A callable ``key`` stands in as a placeholder, so that a
+    ``unique`` or ``debounce`` with it is checked too.
+    """
+    fixed = {name: value for name, value in options.items() if not callable(value)}
+    fixed["kind"] = "" if callable(kind) else kind
+    fixed["key"] = "key" if callable(key) else key
+    build_message(target, {} if callable(payload) else payload, fixed)
+
+
 def _model(model: type[models.Model] | str) -> type[models.Model]:
     if isinstance(model, str):
         try:
@@ -153,12 +166,7 @@ def _register(
             f"unknown option(s) {', '.join(sorted(map(repr, unknown)))}; "
             f"known: payload, kind, key, when, name, {', '.join(sorted(RULE_OPTIONS))}"
         )
-    if not callable(payload):
-        validation.validate_payload(payload)
-    if not callable(kind):
-        validation.validate_kind(kind)
-    if not callable(key):
-        validation.validate_key(key)
+    _check_values(queue if queue is not None else topic, payload, kind, key, options)
     if not (when is None or callable(when) or (event == "save" and when in WHEN_SHORTCUTS)):
         shortcuts = f', "{WHEN_SHORTCUTS[0]}", "{WHEN_SHORTCUTS[1]}"' if event == "save" else ""
         raise InvalidOption(f"when must be None, a callable{shortcuts}; not {when!r}")

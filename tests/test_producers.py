@@ -381,3 +381,19 @@ def test_a_time_past_year_9999_is_refused_where_it_overflowed():
         with pytest.raises(InvalidOption, match="the latest time a message may name is 9999-12-30 UTC"):
             django_dbqueue.enqueue("q", {}, **options)
     assert Message.objects.count() == 0
+
+
+def test_an_outbox_rules_bad_value_is_refused_when_it_is_registered_not_at_the_save():
+    """The rule's fixed values pass the checks of every message at once; a callable's value at the save."""
+    with pytest.raises(InvalidOption, match="priority must be"):
+        outbox.enqueue_on_save(Order, "p-outbox", payload={}, priority=10**6)
+    with pytest.raises(InvalidOption, match="give key="):
+        outbox.publish_on_save(Order, "t-orders", payload={}, unique=HOUR)
+    assert outbox.rules_for(Order) == []
+    rule = outbox.enqueue_on_save(Order, "p-outbox", payload={}, key=lambda o: o.number, debounce=lambda o: -1)
+    try:
+        with pytest.raises(InvalidOption, match="debounce must be"), transaction.atomic():
+            Order.objects.create(number="o-1")
+    finally:
+        rule.disconnect()
+    assert counts() == (0, 0) and not Order.objects.exists()
