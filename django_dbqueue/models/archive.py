@@ -15,6 +15,7 @@ from ..db.errors import with_retries
 from ..db.transactions import write_transaction
 from ..exceptions import AlreadyReplayed, DuplicateKey, InvalidOption
 from ..validation import storable_result, storable_text
+from .fields import NameField
 from .statements import ARCHIVE_TABLE, COPIED, attribute
 
 if TYPE_CHECKING:
@@ -127,10 +128,10 @@ class ArchivedMessage(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     message_id = models.BigIntegerField(help_text="The id it had in the live table.")
-    queue = models.CharField(max_length=64)
-    kind = models.CharField(max_length=100, blank=True, default="")
-    key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 (NULL keys never collide)
-    group = models.CharField(max_length=255, null=True, blank=True, db_column="group_key")  # noqa: DJ001
+    queue = NameField(max_length=64)
+    kind = NameField(max_length=100, blank=True, default="")
+    key = NameField(max_length=255, null=True, blank=True)  # NULL keys never collide
+    group = NameField(max_length=255, null=True, blank=True, db_column="group_key")
     payload = models.JSONField()
     headers = models.JSONField(default=dict, blank=True)
     priority = models.SmallIntegerField(default=0)

@@ -36,6 +36,7 @@ from ..db.clock import DbNow, aware_clock, compile_now
 from ..db.sql import insert_ignoring, use_index
 from ..db.transactions import write_transaction
 from ..exceptions import InvalidOption
+from .fields import NameField
 from .statements import MESSAGE_TABLE, _claimable_where, _message_reader, _statement, lease_rows
 
 if TYPE_CHECKING:
@@ -56,8 +57,8 @@ RATE_SLOT_IDLE = timedelta(hours=2)
 class FlowGroup(models.Model):
     """A group that a claim has seen: the row a claim locks while it counts the group's messages in flight."""
 
-    queue = models.CharField(max_length=64)
-    name = models.CharField(max_length=255)
+    queue = NameField(max_length=64)
+    name = NameField(max_length=255)
 
     class Meta:
         app_label = "django_dbqueue"
@@ -71,8 +72,8 @@ class FlowGroup(models.Model):
 class RateSlot(models.Model):
     """One of a rate limit's ``count`` slots: free again one period after ``used_at``, the claim that took it."""
 
-    queue = models.CharField(max_length=64)
-    group = models.CharField(max_length=255, blank=True, default="", db_column="group_key", help_text="'': the queue.")
+    queue = NameField(max_length=64)
+    group = NameField(max_length=255, blank=True, default="", db_column="group_key", help_text="'': the queue.")
     slot = models.PositiveIntegerField()
     used_at = models.DateTimeField()
 
@@ -89,8 +90,8 @@ class RateSlot(models.Model):
 class UniqueWindow(models.Model):
     """A key taken in a queue until ``until``: enqueue(..., unique=timedelta) inserts no second one before."""
 
-    queue = models.CharField(max_length=64)
-    key = models.CharField(max_length=255)
+    queue = NameField(max_length=64)
+    key = NameField(max_length=255)
     until = models.DateTimeField()
     message_id = models.BigIntegerField(null=True, blank=True, help_text="The message that took the key.")
 

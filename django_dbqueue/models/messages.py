@@ -34,6 +34,7 @@ from ..exceptions import InvalidOption, NotClaimed, PayloadNotSerializable, Unkn
 from . import events, flow, landed
 from .archive import ArchivedMessage, Outcome
 from .consuming import ConsumerActions
+from .fields import NameField
 from .reporting import HandlerReports
 from .statements import (
     MESSAGE_TABLE,
@@ -978,11 +979,11 @@ class Message(ConsumerActions, HandlerReports, models.Model):
     """A live message: ready, scheduled or in flight."""
 
     id = models.BigAutoField(primary_key=True)
-    queue = models.CharField(max_length=64)
-    kind = models.CharField(max_length=100, blank=True, default="", db_default="")
-    key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 (NULL keys never collide)
+    queue = NameField(max_length=64)
+    kind = NameField(max_length=100, blank=True, default="", db_default="")
+    key = NameField(max_length=255, null=True, blank=True)  # NULL keys never collide
     # GROUP is a reserved word in SQL: the column is group_key, so plain SQL need not quote it.
-    group = models.CharField(  # noqa: DJ001 (NULL: in no group)
+    group = NameField(  # NULL: in no group
         max_length=255, null=True, blank=True, db_column="group_key", help_text="Flow control's group (a customer)."
     )
     payload = models.JSONField()

@@ -8,6 +8,7 @@ from django.db import models
 from ..db.errors import with_retries
 from ..db.transactions import write_transaction
 from ..validation import queue_name_problem
+from .fields import NameField
 
 
 class QueueStateQuerySet(models.QuerySet["QueueState"]):
@@ -27,7 +28,7 @@ class QueueStateQuerySet(models.QuerySet["QueueState"]):
 class QueueState(models.Model):
     """Per-queue switches operators flip at run time (pause); absent means running."""
 
-    queue = models.CharField(max_length=64, primary_key=True)
+    queue = NameField(max_length=64, primary_key=True)
     paused = models.BooleanField(default=False)
     changed_at = models.DateTimeField(auto_now=True)
     changed_by = models.CharField(max_length=150, blank=True, default="")
@@ -53,8 +54,8 @@ class Subscription(models.Model):
     ``TOPICS`` setting; see docs/topics.md.
     """
 
-    topic = models.CharField(max_length=64)
-    queue = models.CharField(max_length=64)
+    topic = NameField(max_length=64)
+    queue = NameField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -84,8 +85,8 @@ class QueueStat(models.Model):
     """
 
     hour = models.DateTimeField(help_text="The start of the hour (UTC) these figures cover.")
-    queue = models.CharField(max_length=64)
-    kind = models.CharField(max_length=100, blank=True, default="")
+    queue = NameField(max_length=64)
+    kind = NameField(max_length=100, blank=True, default="")
     enqueued = models.PositiveBigIntegerField(default=0)
     acked = models.PositiveBigIntegerField(default=0)
     dead = models.PositiveBigIntegerField(default=0)

@@ -23,6 +23,7 @@ from ..db.clock import DbNow
 from ..db.errors import with_retries
 from ..db.transactions import write_transaction
 from . import events
+from .fields import NameField
 
 if TYPE_CHECKING:
     from ..schedules.spec import ScheduleSpec
@@ -117,10 +118,10 @@ class Schedule(models.Model):
     to operators, never fired.
     """
 
-    name = models.CharField(max_length=100, primary_key=True)
+    name = NameField(max_length=100, primary_key=True)
     enabled = models.BooleanField(default=True)
-    queue = models.CharField(max_length=64, blank=True, default="")
-    kind = models.CharField(max_length=100, blank=True, default="")
+    queue = NameField(max_length=64, blank=True, default="")
+    kind = NameField(max_length=100, blank=True, default="")
     timing = models.CharField(max_length=200, blank=True, default="", help_text="When it fires, as declared.")
     origin = models.CharField(max_length=255, blank=True, default="", help_text="Where it was declared.")
     created_at = models.DateTimeField(help_text="When a scheduler first saw it; no slot before counts as missed.")
