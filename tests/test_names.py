@@ -279,6 +279,34 @@ def test_the_migration_makes_an_existing_install_compare_names_exactly():
     _group(name="ACME")
 
 
+@pytest.mark.skipif(connection.vendor != "mysql", reason="character sets are MySQL/MariaDB's")
+def test_a_name_column_in_a_utf8mb3_table_is_utf8mb4_and_joins_the_tables_other_columns():
+    """The collation names its character set, so a name column is utf8mb4 whatever the table's default."""
+    definition, params = connection.schema_editor().column_sql(Message, Message._meta.get_field("queue"))
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS names_utf8mb3")
+        cursor.execute(
+            f"CREATE TABLE names_utf8mb3 (queue {definition}, other varchar(64) NOT NULL) DEFAULT CHARSET=utf8mb3",
+            params or None,
+        )
+        try:
+            cursor.execute(
+                "SELECT character_set_name, collation_name FROM information_schema.columns "
+                "WHERE table_schema = DATABASE() AND table_name = 'names_utf8mb3' ORDER BY column_name"
+            )
+            (other_set, _), (queue_set, queue_collation) = cursor.fetchall()
+            assert (other_set, queue_set) == ("utf8mb3", "utf8mb4")
+            assert queue_collation.endswith("_bin")
+            cursor.executemany("INSERT INTO names_utf8mb3 VALUES (%s, %s)", [(name, name) for name in NAMES])
+            cursor.execute("SELECT COUNT(*) FROM names_utf8mb3 WHERE queue = %s", ["acme"])
+            assert cursor.fetchone()[0] == 1
+            # Joined with a utf8mb3 column (converted, no "illegal mix of collations"), compared exactly.
+            cursor.execute("SELECT COUNT(*) FROM names_utf8mb3 a JOIN names_utf8mb3 b ON a.queue = b.other")
+            assert cursor.fetchone()[0] == 3
+        finally:
+            cursor.execute("DROP TABLE names_utf8mb3")
+
+
 def test_the_live_claim_index_still_holds_the_name_columns_after_the_migration():
     """MODIFY kept the indexes: the claim's index and the unique keys still cover the converted columns."""
     indexes = connection.introspection.get_constraints(connection.cursor(), "dbqueue_message")
