@@ -4,7 +4,7 @@ Queue, kind, key, group, schedule, topic and subscription names are
 identities: "Acme", "acme" and "acme " are three names, as in Python.
 Django's ``db_collation`` is one string for every database; a name needs
 a binary collation on MySQL/MariaDB only, and a different one per server
-(:func:`~django_dbqueue.db.names.exact_collation`), so the field asks the
+(`django_dbqueue.db.names.exact_collation`), so the field asks the
 connection. Searches (``icontains`` and the other case-insensitive
 lookups, as the admin's search box uses) still ignore case everywhere.
 """
