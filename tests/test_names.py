@@ -274,6 +274,9 @@ def test_the_migration_makes_an_existing_install_compare_names_exactly():
     # The rows made before are all there, and found by their exact name.
     assert Message.objects.get(queue="acme", group="acme")
     assert ScheduleRun.objects.get(schedule_id="acme").schedule.name == "acme"
+    # The runs' foreign key to the schedule's name came back (dropped for the change of collation).
+    constraints = connection.introspection.get_constraints(connection.cursor(), "dbqueue_schedule_run")
+    assert [c["foreign_key"] for c in constraints.values() if c["foreign_key"]] == [("dbqueue_schedule", "name")]
     with pytest.raises(IntegrityError), transaction.atomic():
         _group(name="acme")  # the unique key still holds, exactly
     _group(name="ACME")
