@@ -397,3 +397,11 @@ def test_an_outbox_rules_bad_value_is_refused_when_it_is_registered_not_at_the_s
     finally:
         rule.disconnect()
     assert counts() == (0, 0) and not Order.objects.exists()
+
+
+def test_a_snooze_past_year_9999_is_refused_and_the_lease_holds():
+    django_dbqueue.enqueue("q", {})
+    [message] = django_dbqueue.claim("q")
+    with pytest.raises(InvalidOption, match="until is 9999-12-31T23:00:00-05:00; the latest"):
+        message.snooze(FAR)
+    assert Message.objects.get().lease_token == message.lease_token and message.ack()
