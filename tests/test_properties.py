@@ -65,14 +65,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 # Rules that fail today because of a bug another change is fixing. Each switch keeps the
 # machine from generating the failing case until its fix lands; then set it False (or remove it).
-#: Debounce of a waiting message of an ordered queue into another group keeps its lower id: it
-#: becomes that group's head while the real head runs (issue "One insert path", first item).
-KNOWN_FAILURE_DEBOUNCE_MOVES_FIFO_GROUP = True
-#: publish() to several queues ignores unique= and debounce= (issue "One insert path", second item).
-KNOWN_FAILURE_PUBLISH_IGNORES_KEY_RULES = True
-#: MySQL/MariaDB compare group and key names case- and trailing-space-insensitively ("a", "A" and "a "
-#: are one name there; issue "Names compare exactly, everywhere").
-KNOWN_FAILURE_NAMES_FOLDED_ON_MYSQL = True
 #: ack_many() answers by message id: a stale handle of a message batched with the live one is told True
 #: (api.md: each answer says whether that message's lease held).
 KNOWN_FAILURE_ACK_MANY_ANSWERS_BY_ID = True
@@ -381,9 +373,6 @@ class QueueMachine(RuleBasedStateMachine):
     # --- producers ---
 
     def options(self, group, key, key_rule, delay, priority, kind) -> dict[str, Any]:
-        if KNOWN_FAILURE_NAMES_FOLDED_ON_MYSQL and connection.vendor == "mysql":
-            group = None if group is None else group.strip().lower()
-            key = None if key is None else key.strip().lower()
         options: dict[str, Any] = {"group": group, "priority": priority, "kind": kind}
         if key is not None:
             options["key"] = key
@@ -409,10 +398,6 @@ class QueueMachine(RuleBasedStateMachine):
     def enqueue(self, which, group, key, key_rule, delay, priority, kind):
         queue = self.queues[which % len(self.queues)]
         options = self.options(group, key, key_rule, delay, priority, kind)
-        if KNOWN_FAILURE_DEBOUNCE_MOVES_FIFO_GROUP and "debounce" in options and Rules.of(queue).ordered:
-            live = self.world.of_key(queue, options["key"])
-            if live is not None and live.group != options["group"]:
-                options["group"] = live.group  # debounce within the group only, until the fix lands
         payload = {"n": self.step + 1}
         sent = {k: v for k, v in options.items() if not k.startswith("_")}
         message = django_dbqueue.enqueue(queue, payload, **sent)
@@ -449,13 +434,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(group=groups, key=keys, key_rule=key_rules, delay=delays, priority=priorities)
     def publish(self, group, key, key_rule, delay, priority):
-        if KNOWN_FAILURE_PUBLISH_IGNORES_KEY_RULES:
-            key_rule = "live"
         options = self.options(group, key, key_rule, delay, priority, "")
-        if KNOWN_FAILURE_DEBOUNCE_MOVES_FIFO_GROUP and "debounce" in options:
-            live = self.world.of_key("pp-fifo", options["key"])
-            if live is not None and live.group != options["group"]:
-                return
         payload = {"n": self.step + 1}
         sent = {k: v for k, v in options.items() if not k.startswith("_")}
         copies = django_dbqueue.publish(TOPIC, payload, **sent)
