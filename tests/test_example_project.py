@@ -75,6 +75,12 @@ def test_the_demos_printed_commands_work_when_pasted(tmp_path):
     (process,) = re.findall(r"^and process it: (cd .* --until-empty)$", printed, re.M)
     assert "127.0.0.1:8000/admin/django_dbqueue/deadletter/" in printed
     assert "log in as 'demo', password 'demo'" in printed
+    # One line per event: the worker's line for each failure once, no traceback, nothing on stderr.
+    (failed,) = re.findall(r"^  message (\d+) email/order-placed failed in .*$", printed, re.M)
+    assert failed == dead_ids[0]
+    assert len(re.findall(rf"^  message {failed} email/order-placed dead in ", printed, re.M)) == 1
+    assert "Traceback" not in printed and not re.search(r"^message ", printed, re.M)
+    assert done.stderr == ""
 
     pasted = {key: value for key, value in env.items() if key not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
 
@@ -83,10 +89,13 @@ def test_the_demos_printed_commands_work_when_pasted(tmp_path):
             ["bash", "-c", command], cwd=tmp_path, env=pasted, capture_output=True, text=True, timeout=300
         )
         assert done.returncode == 0, f"{command}\n{done.stdout}{done.stderr}"
-        return done.stdout
+        return done.stdout + done.stderr
 
     assert re.search(rf"^message {dead_ids[0]} replayed as message \d+$", paste(replay), re.M)
-    paste(process)
+    # The worker's own console: its banner, and a summary counting the replayed message.
+    worked = paste(process)
+    assert re.search(r"^\[[\d:]+\] django-dbqueue \S+ worker ", worked, re.M), worked
+    assert re.search(r"\] worker \S+ exits \(OK: queues are empty\): 1 acked, 0 failed, 0 dead in ", worked), worked
     check = (
         "from django.contrib.auth import authenticate; from django.urls import reverse; "
         "from shop.models import EmailSent; "

@@ -70,14 +70,15 @@ DBQUEUE = {
     "TOPICS": {"orders": ["email"]},
 }
 
-LOG_LEVEL = env("DBQUEUE_LOG_LEVEL", default="WARNING")
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {
-        "console": {"class": "logging.StreamHandler", "level": LOG_LEVEL},
-    },
-    # Below the logger's level the queue's per-message lines are never even formatted
-    # (the demo lowers it to DEBUG while its own handler prints them).
-    "loggers": {"django_dbqueue": {"handlers": ["console"], "level": LOG_LEVEL}},
-}
+# Unset, django-dbqueue's commands print their own console (a banner, a line per failed message, a
+# summary; -v 2 a line per message), as a project without LOGGING for it sees them. Set
+# DBQUEUE_LOG_LEVEL (DEBUG, INFO, WARNING...) to send the queue's records to a handler of the
+# project's own instead, at that level: the console then stays off (docs/workers.md).
+LOG_LEVEL = env("DBQUEUE_LOG_LEVEL", default=None)
+if LOG_LEVEL:
+    LOGGING = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"console": {"class": "logging.StreamHandler", "level": LOG_LEVEL}},
+        "loggers": {"django_dbqueue": {"handlers": ["console"], "level": LOG_LEVEL}},
+    }

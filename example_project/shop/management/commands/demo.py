@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from decimal import Decimal
 
 from django.conf import settings
@@ -129,7 +130,14 @@ class Command(BaseCommand):
         out("\nRequest/reply: a worker thread serves 'quotes' and answers with reply():")
         worker = QueueWorker(WorkerConfig(queues=["quotes"], max_runtime=60))
         thread = threading.Thread(target=worker.run, name="demo-quotes-worker")
-        thread.start()
+        with self.worker_lines(printed=False):
+            thread.start()
+            self.ask_for_quotes(worker, thread)
+        left = Message.objects.filter(queue__startswith="reply.").count()
+        out(f"  reply queues left behind: {left}")
+
+    def ask_for_quotes(self, worker, thread):
+        out = self.stdout.write
         try:
             for sku, quantity in [("tea", 3), ("coffee", 2)]:
                 answer = django_dbqueue.request("quotes", {"sku": sku, "quantity": quantity}, timeout=30)
@@ -141,8 +149,6 @@ class Command(BaseCommand):
         finally:
             worker.stop("demo done")
             thread.join(timeout=60)
-        left = Message.objects.filter(queue__startswith="reply.").count()
-        out(f"  reply queues left behind: {left}")
 
     # --- what to do next -------------------------------------------------------------
 
@@ -175,22 +181,37 @@ class Command(BaseCommand):
     # --- helpers ---------------------------------------------------------------------
 
     def run_worker(self, queues):
-        log = logging.getLogger("django_dbqueue")
-        printer = logging.StreamHandler(self.stdout)
-        printer.setFormatter(logging.Formatter("  %(message)s"))
-        printer.addFilter(lambda record: record.getMessage().startswith("message ") and " in " in record.getMessage())
-        log.addHandler(printer)
-        level = log.level
-        log.setLevel(logging.DEBUG)
-        try:
+        with self.worker_lines(printed=True):
             deadline = time.monotonic() + 30
             # A failed message waits out its backoff (scheduled, not ready), so run again until none is left.
             while Message.objects.filter(queue__in=queues).exists() and time.monotonic() < deadline:
                 QueueWorker(WorkerConfig(queues=queues, batch_size=10, until_empty=True)).run()
                 time.sleep(0.2)
+
+    @contextmanager
+    def worker_lines(self, printed):
+        """The queue's log records go to the demo alone while its workers run: one line per event.
+
+        ``printed``: a line per finished message on stdout (its error's last line, no traceback:
+        the archive report shows errors); otherwise nothing, as the demo prints the outcome itself.
+        Any handler the project's LOGGING set (``DBQUEUE_LOG_LEVEL``) is set aside meanwhile.
+        """
+        log = logging.getLogger("django_dbqueue")
+        handler = logging.StreamHandler(self.stdout) if printed else logging.NullHandler()
+        handler.setFormatter(MessageLine())
+        handler.addFilter(lambda record: record.getMessage().startswith("message ") and " in " in record.getMessage())
+        saved, level = log.handlers[:], log.level
+        for other in saved:
+            log.removeHandler(other)
+        log.addHandler(handler)
+        log.setLevel(logging.DEBUG if printed else logging.WARNING)
+        try:
+            yield
         finally:
+            log.removeHandler(handler)
+            for other in saved:
+                log.addHandler(other)
             log.setLevel(level)
-            log.removeHandler(printer)
 
     def archive_report(self, queues):
         out = self.stdout.write
@@ -199,6 +220,13 @@ class Command(BaseCommand):
             error = f"  ({row.last_error.strip().splitlines()[-1]})" if row.last_error else ""
             queue = f"{row.queue:<10} " if len(queues) > 1 else ""
             out(f"  #{row.message_id:<4} {queue}{row.kind:<8} {row.outcome:<6} attempts={row.attempts}{error}")
+
+
+class MessageLine(logging.Formatter):
+    """A worker's line about a message, indented, without the traceback a failure's record carries."""
+
+    def format(self, record):
+        return f"  {record.getMessage()}"
 
 
 def manage_py(*arguments: str) -> str:
