@@ -147,7 +147,6 @@ def _raised(message: Message, exc: Exception, verdict: Callable[..., Verdict]) -
             rejected = partial(message.reject, requeue=False, reason=refused)
             return verdict(HandlerOutcome.REJECTED, rejected, error=refused)
         return verdict(HandlerOutcome.DEFERRED, partial(message.snooze, exc.until, delay=exc.delay))
-    logger.debug("message %s of %s failed: %r", message.pk, message.queue, exc)
     return verdict(HandlerOutcome.FAILED, partial(message.fail, exc), error=exc)
 
 
@@ -163,8 +162,14 @@ def ends_dead(message: Message, outcome: str) -> bool:
 
 
 def process(message: Message, *, worker: str = "", handler: Handler | None = None) -> str:
-    """Run ``message``'s handler and apply the outcome; returns what happened."""
-    return decide(message, worker=worker, handler=handler).record()
+    """Run ``message``'s handler and apply the outcome; returns what happened.
+
+    A failure is logged here at DEBUG: the worker, which calls `decide` itself, logs its own line instead.
+    """
+    verdict = decide(message, worker=worker, handler=handler)
+    if verdict.outcome == HandlerOutcome.FAILED:
+        logger.debug("message %s of %s failed: %r", message.pk, message.queue, verdict.error)
+    return verdict.record()
 
 
 def _unhandled(message: Message) -> Verdict:
