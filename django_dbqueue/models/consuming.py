@@ -49,6 +49,9 @@ class ConsumerActions:
     # Each method's ``self`` is a Message; mypy reports a self type narrower
     # than the mixin as [misc], hence the ignores on the signatures.
 
+    # Seconds until the retry that this instance's `fail` scheduled (for the worker's line), else None.
+    retry_in: float | None = None
+
     def _finish(self: Message, outcome: str, **row: Any) -> bool:  # type: ignore[misc]
         done, archived = type(self).objects.using(self._state.db or "default").finish(self, outcome, **row)
         if done:
@@ -76,6 +79,7 @@ class ConsumerActions:
             if type(self).objects.update_leased(self, "fail", landed_as=landed_as, **changes):
                 self.lease_token = None
                 self.last_error = text
+                self.retry_in = delay
                 events.failed(self, text, delay)
                 return True
             return False

@@ -323,6 +323,9 @@ def log_finished(message: Message, outcome: str, dead: bool, error: BaseExceptio
     what = f"{message.queue}/{message.kind}" if message.kind else message.queue
     attempts = f"attempt {message.attempts} of {message.max_attempts_allowed()}"
     shown = "dead" if dead else outcome
+    retry_in = message.retry_in if outcome == HandlerOutcome.FAILED and not dead else None
+    if retry_in is not None:
+        attempts = f"{attempts}, retry in {retry_in:.1f}s"
     if isinstance(error, BaseException):
         said = f"{type(error).__name__}: {first_line(error)}" if str(error) else type(error).__name__
     else:  # a reason; one that holds a traceback (a task's) is told by its last line, the exception
@@ -338,6 +341,8 @@ def log_finished(message: Message, outcome: str, dead: bool, error: BaseExceptio
     }
     if said and level > logging.INFO:
         fields["error"] = said
+    if retry_in is not None:
+        fields["retry_in"] = round(retry_in, 3)
     text = f"message {message.pk} {what} {shown} in {took:.3f}s ({attempts})"
     if said and (level > logging.INFO or outcome == HandlerOutcome.RETRIED):
         text = f"{text}: {said}"

@@ -37,6 +37,7 @@ from ..console import event
 from ..db import describe
 from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import InvalidOption
+from ..models import Message
 from ..reaper import Reaper
 from ..schedules.scheduler import Scheduler
 from ..validation import validate_queues
@@ -211,30 +212,43 @@ class QueueWorker:
         logger.info("%s", "\n".join(lines), extra=event("banner", **fields))
 
     def log_summary(self, status: ExitStatus, elapsed: float) -> None:
-        """One line on exit: how it ended and what it did (failed counts the failed attempts not dead)."""
+        """One line on exit: how it ended and what it did, and what still waits when it ran until empty.
+
+        ``acked`` counts the messages acknowledged (or deferred by their handler); ``failed`` the
+        failed attempts not dead; ``processed`` all three together.
+        """
         counts, dead = self.ledger.counts(), self.ledger.dead()
         failed = counts.failed - dead
         why = f": {self.lifecycle.why}" if self.lifecycle.why else ""
+        waiting = self.waiting() if self.config.until_empty else None
         fields = {
             "worker": self.name,
             "status": status.name,
             "reason": self.lifecycle.why,
-            "processed": counts.processed,
+            "processed": counts.total,
+            "acked": counts.processed,
             "failed": failed,
             "dead": dead,
             "elapsed": round(elapsed, 3),
         }
-        logger.info(
-            "worker %s exits (%s%s): %d processed, %d failed, %d dead in %.1fs",
-            self.name,
-            status.name,
-            why,
-            counts.processed,
-            failed,
-            dead,
-            elapsed,
-            extra=event("summary", **fields),
-        )
+        text = "worker %s exits (%s%s): %d acked, %d failed, %d dead in %.1fs"
+        args: list[Any] = [self.name, status.name, why, counts.processed, failed, dead, elapsed]
+        if waiting:
+            fields["waiting"] = waiting
+            text += "; %d left waiting (for a delay or a retry's backoff)"
+            args.append(waiting)
+        logger.info(text, *args, extra=event("summary", **fields))
+
+    def waiting(self) -> int | None:
+        """Messages of the served queues left unclaimed: scheduled for later, or due since the worker stopped.
+
+        None when the database cannot say.
+        """
+        live = Message.objects.using(self.using).for_queue(self.queues)
+        try:
+            return live.scheduled().count() + live.ready().count()
+        except DATABASE_TROUBLE:
+            return None
 
     def stop(self, why: str) -> None:
         """Stop claiming and shut down as a first signal would (callable from any thread)."""
