@@ -34,6 +34,10 @@ LOGGER = "django_dbqueue"
 MESSAGES = "django_dbqueue.messages"  # the worker's line per finished message
 # Events shown at the default verbosity whatever their level: what the process is and how it ended.
 ALWAYS = frozenset({"banner", "summary"})
+JSON_LOGS_IGNORED = (
+    "warning: --json-logs is ignored: the project's LOGGING sends django_dbqueue's records to its own handlers "
+    '(give them the formatter {"()": "django_dbqueue.console.JsonFormatter"} for JSON lines; docs/workers.md)'
+)
 
 
 def event(name: str, **fields: Any) -> dict[str, Any]:
@@ -119,7 +123,8 @@ class Console:
     ``with Console(verbosity, json_logs=...) as console:``; ``console.active``
     says whether it prints. Outside the block the logger is as it was.
     Without a console, ``-v 2`` and ``-v 3`` still lower the logger's level
-    to INFO and DEBUG, for the project's handlers.
+    to INFO and DEBUG, for the project's handlers, and ``json_logs`` is
+    ignored, which it says once on the stream.
     """
 
     def __init__(self, verbosity: int = 1, *, json_logs: bool = False, stream: TextIO | None = None) -> None:
@@ -143,6 +148,8 @@ class Console:
         elif self.verbosity >= 2:
             self.logger.setLevel(logging.INFO)
         if configured(self.logger):
+            if self.json_logs:
+                print(JSON_LOGS_IGNORED, file=self.stream or sys.stderr, flush=True)
             return self
         if self.verbosity < 3:
             self.logger.setLevel(logging.INFO)  # the banner and summary are INFO records

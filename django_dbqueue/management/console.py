@@ -19,8 +19,8 @@ def add_console_arguments(parser: CommandParser) -> None:
     parser.add_argument(
         "--json-logs",
         action="store_true",
-        help="Print the console's lines as JSON objects, one a line (when the project's LOGGING leaves "
-        "django_dbqueue alone; docs/workers.md).",
+        help="Print the console's lines as JSON objects, one a line. Ignored, with a warning, when the "
+        "project's LOGGING configures django_dbqueue: its handlers print the records (docs/workers.md).",
     )
 
 

@@ -37,18 +37,20 @@ class Command(BaseCommand):
             from django_dbqueue.metrics.exposition import build_registry
         except ImportError as exc:
             raise CommandError(
-                f"queuemetrics needs prometheus_client: pip install 'django-dbqueue[metrics]' ({exc})"
+                "queuemetrics needs prometheus_client: pip install prometheus_client "
+                f"(the metrics extra of django-dbqueue installs it too) ({exc})"
             ) from exc
         port = options["port"]
         if not 0 < port < 65536:
             raise CommandError(f"--port must be from 1 to 65535, not {port}")
         url = f"http://{options['addr']}:{port}/metrics"
-        with command_console(options), stop_on_signals() as stop:
+        with command_console(options) as console, stop_on_signals() as stop:
             server, thread = start_http_server(
                 port, options["addr"], registry=build_registry(options["database"], own_thread=True)
             )
-            self.stdout.write(f"serving metrics on {url}", ending="\n")
-            self.stdout.flush()
+            if not console.active:  # the banner says it otherwise: once is enough
+                self.stdout.write(f"serving metrics on {url}", ending="\n")
+                self.stdout.flush()
             log_banner(f"metrics on {url}", options["database"], ["  stop with CONTROL-C or SIGTERM"], url=url)
             stop.wait()
             server.shutdown()
