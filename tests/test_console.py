@@ -3,6 +3,7 @@
 import json
 import re
 import signal
+import sys
 
 import pytest
 
@@ -55,14 +56,16 @@ def test_the_worker_speaks_by_default(connection_vendor):
     assert lines[4] == "  concurrency  1, batch size 1, schedules off (none), reaper off"
     # At -v 1: failures with their error, no line for the acked message, no traceback.
     assert f"WARNING message {failing} w-outcomes failed in " in err
-    assert "(attempt 1 of 3): ValueError: asked to fail: {'action': 'raise'}" in err
+    # A failed attempt says when its retry runs.
+    assert re.search(r"\(attempt 1 of 3, retry in \d+\.\ds\): ValueError: asked to fail: \{'action': 'raise'\}", err)
     assert f"ERROR message {rejected} w-outcomes/refund dead in " in err
     assert "(attempt 1 of 5): not for us" in err
     assert f"message {ok} " not in err
     assert "Traceback" not in err
-    # The summary on exit.
+    # The summary on exit: what it counts by name, and the failed message that waits for its retry.
     assert re.fullmatch(
-        r"\[\d\d:\d\d:\d\d\] worker \S+ exits \(OK: queues are empty\): 1 processed, 1 failed, 1 dead in [\d.]+s",
+        r"\[\d\d:\d\d:\d\d\] worker \S+ exits \(OK: queues are empty\): 1 acked, 1 failed, 1 dead in [\d.]+s; "
+        r"1 left waiting \(for a delay or a retry's backoff\)",
         lines[-1],
     )
 
@@ -73,6 +76,13 @@ def test_verbosity_2_adds_a_line_per_message_and_the_failures_traceback():
     assert re.search(rf"\] message {ok} w-ok acked in \d+\.\d{{3}}s \(attempt 1 of 5\)\n", err)
     assert f"WARNING message {failing} w-outcomes failed in " in err
     assert 'raise ValueError(f"asked to fail: {message.payload}")' in err  # the traceback
+
+
+def test_verbosity_3_tells_each_failure_once():
+    _, failing, rejected = enqueue_one_of_each()
+    _, err = run_worker("-v", "3", **NO_LOGGING)
+    assert len(re.findall(rf"message {failing} (of )?w-outcomes failed", err)) == 1, err
+    assert err.count(f"message {rejected} w-outcomes/refund dead in ") == 1, err
 
 
 def test_verbosity_0_prints_only_errors():
@@ -121,8 +131,28 @@ def test_json_logs_print_one_object_per_line():
     assert "Traceback" in by_id[failing]["traceback"]
     assert by_id[rejected]["outcome"] == "dead" and by_id[rejected]["kind"] == "refund"
     [summary] = events["summary"]
-    assert (summary["processed"], summary["failed"], summary["dead"]) == (1, 1, 1)
+    assert (summary["acked"], summary["failed"], summary["dead"], summary["processed"]) == (1, 1, 1, 3)
+    assert summary["waiting"] == 1 and by_id[failing]["retry_in"] > 0
     assert summary["status"] == "OK" and summary["elapsed"] > 0
+
+
+def test_json_logs_under_the_projects_logging_say_they_are_ignored():
+    """tests/settings.py configures django_dbqueue: --json-logs cannot apply, and says so once, first."""
+    enqueue_one_of_each()
+    _, err = run_worker("--json-logs")
+    assert err.count("--json-logs is ignored") == 1
+    assert err.startswith("warning: --json-logs is ignored: the project's LOGGING sends django_dbqueue's records")
+    _, err = run_worker("--json-logs", **NO_LOGGING)
+    assert "is ignored" not in err
+
+
+def test_queuemetrics_without_prometheus_client_names_what_to_install(monkeypatch):
+    """``None`` in sys.modules makes the import fail as a missing package does (it is installed here)."""
+    from django.core.management import CommandError, call_command
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(CommandError, match=r"queuemetrics needs prometheus_client: pip install prometheus_client "):
+        call_command("queuemetrics", port=9108)
 
 
 def test_the_scheduler_says_what_it_does(connection_vendor):
@@ -166,6 +196,7 @@ def test_queuemetrics_says_what_it_serves(connection_vendor):
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=120)
     rest = server.stderr.read()
+    assert server.stdout.read() == ""  # the address is announced once, by the banner
     server.stdout.close()
     server.stderr.close()
     assert server.returncode == 0, rest
