@@ -41,7 +41,7 @@ def name_problem(name: Any, what: str, max_length: int) -> str | None:
         return f"{what} name {name[:20]!r}... is {len(name)} characters; the limit is {max_length}"
     if not QUEUE_NAME_RE.fullmatch(name):
         return (
-            f"{what} name {name!r} may only hold letters, digits and '_', '.', ':', '-', "
+            f"{what} name {name!r} may only hold ASCII letters, digits and '_', '.', ':', '-', "
             "and must start with a letter or digit"
         )
     return None
@@ -129,7 +129,7 @@ def json_problem(value: Any, path: str, *, max_depth: int = MAX_JSON_DEPTH) -> s
             continue
         if not isinstance(item, dict | list | tuple):
             kind = type(item).__name__
-            return f"{where} is a {kind} ({short_repr(item)}), which is not JSON-serialisable{json_hint(item)}"
+            return f"{where} is of type {kind} ({short_repr(item)}), which is not JSON-serialisable{json_hint(item)}"
         if depth > max_depth:
             return f"{path} is nested more than {max_depth} levels deep (at {where}); the limit is {max_depth}"
         children: list[tuple[Any, str, int]] = []
@@ -158,7 +158,9 @@ def json_hint(value: Any) -> str:
     (SQL, other languages) reads the same way: the producer converts.
     """
     if isinstance(value, datetime | date | time):
-        return "; pass value.isoformat() and parse it back in the handler (datetime.fromisoformat)"
+        # The class whose fromisoformat reads it back: datetime first, which is a date too.
+        parse = "datetime" if isinstance(value, datetime) else "date" if isinstance(value, date) else "time"
+        return f"; pass value.isoformat() and parse it back in the handler ({parse}.fromisoformat)"
     if isinstance(value, timedelta):
         return "; pass value.total_seconds()"
     if isinstance(value, Decimal):
@@ -174,7 +176,7 @@ def json_hint(value: Any) -> str:
         return "; pass a list (sorted(value))"
     if isinstance(value, bytes | bytearray):
         return "; pass text (value.decode()) or base64 (base64.b64encode(value).decode())"
-    return ""
+    return "; convert it to JSON first: a dict of its fields, str(value), or its id, and rebuild it in the handler"
 
 
 def _plain_json(value: Any) -> str | None:

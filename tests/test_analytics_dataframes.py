@@ -66,6 +66,6 @@ def test_bad_rows_fail_the_job_naming_the_problem(spark):
     with pytest.raises(Exception, match="key_col 'order_id' is NULL in a row"):
         enqueue_dataframe(nulls, "spark-orders", key_col="order_id")
     dates = spark.createDataFrame([("a", datetime.date(2026, 1, 1))], "order_id STRING, due DATE")
-    with pytest.raises(Exception, match=r"payload\['due'\] is a date"):
+    with pytest.raises(Exception, match=r"payload\['due'\] is of type date"):
         enqueue_dataframe(dates, "spark-orders", key_col="order_id")
     assert not Message.objects.exists()

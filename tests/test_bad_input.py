@@ -3,6 +3,7 @@
 import uuid
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 
@@ -23,11 +24,12 @@ ENQUEUE_REFUSALS = [
     ("", {}, {}, InvalidQueueName, "must not be empty"),
     ("a" * 65, {}, {}, InvalidQueueName, "the limit is 64"),
     ("has space", {}, {}, InvalidQueueName, "may only hold"),
+    ("émails", {}, {}, InvalidQueueName, "'émails' may only hold ASCII letters, digits"),
     ("-dash-first", {}, {}, InvalidQueueName, "start with a letter or digit"),
     (7, {}, {}, InvalidQueueName, "must be a string"),
     ("q", None, {}, PayloadNotSerializable, "pass {} for an empty payload"),
-    ("q", {"when": datetime(2026, 1, 1)}, {}, PayloadNotSerializable, "payload['when'] is a datetime"),
-    ("q", {"price": Decimal("1.5")}, {}, PayloadNotSerializable, "payload['price'] is a Decimal"),
+    ("q", {"when": datetime(2026, 1, 1)}, {}, PayloadNotSerializable, "payload['when'] is of type datetime"),
+    ("q", {"price": Decimal("1.5")}, {}, PayloadNotSerializable, "payload['price'] is of type Decimal"),
     ("q", {"n": float("nan")}, {}, PayloadNotSerializable, "JSON cannot represent"),
     ("q", {1: "int key"}, {}, PayloadNotSerializable, "JSON object keys are strings"),
     ("q", [{"deep": [object()]}], {}, PayloadNotSerializable, "payload[0]['deep'][0]"),
@@ -63,21 +65,26 @@ ENQUEUE_REFUSALS = [
 @pytest.mark.parametrize(
     ("value", "fix"),
     [
-        (datetime(2026, 11, 26, 2, 30, 1, 123456, tzinfo=UTC), "value.isoformat()"),
-        (date(2026, 11, 26), "value.isoformat()"),
-        (time(2, 30), "value.isoformat()"),
+        (
+            datetime(2026, 11, 26, 2, 30, 1, 123456, tzinfo=UTC),
+            "value.isoformat() and parse it back in the handler (datetime.fromisoformat)",
+        ),
+        (date(2026, 11, 26), "value.isoformat() and parse it back in the handler (date.fromisoformat)"),
+        (time(2, 30), "value.isoformat() and parse it back in the handler (time.fromisoformat)"),
         (timedelta(minutes=5), "value.total_seconds()"),
         (Decimal("19.99"), "str(value)"),
         (uuid.UUID("12345678-1234-5678-1234-567812345678"), "str(value)"),
         ({1, 2}, "a list"),
         (b"raw", "value.decode()"),
+        (Fraction(1, 3), "convert it to JSON first: a dict of its fields, str(value), or its id"),
+        (object(), "convert it to JSON first"),
     ],
 )
 def test_a_value_json_cannot_hold_names_the_fix_and_is_not_cut_mid_word(unchanged, value, fix):
     with pytest.raises(PayloadNotSerializable) as caught:
         django_dbqueue.enqueue("q", {"at": value})
     text = str(caught.value)
-    assert f"payload['at'] is a {type(value).__name__} ({value!r})" in text  # the whole repr, not cut
+    assert f"payload['at'] is of type {type(value).__name__} ({value!r})" in text  # the whole repr, not cut
     assert fix in text
 
 
@@ -87,7 +94,7 @@ def test_a_model_instance_in_a_payload_says_to_pass_its_primary_key(unchanged):
     order = Order.objects.create(number="A1", total=Decimal("12.50"))
     with pytest.raises(PayloadNotSerializable) as caught:
         django_dbqueue.enqueue("q", {"order": order})
-    assert "payload['order'] is a Order (<Order: A1>)" in str(caught.value)
+    assert "payload['order'] is of type Order (<Order: A1>)" in str(caught.value)
     assert "pass its primary key (value.pk)" in str(caught.value)
 
 
