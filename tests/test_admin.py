@@ -400,6 +400,28 @@ def test_edit_and_replay_validates_the_json(client):
     assert sorted(m.payload["qty"] for m in Message.objects.all()) == [3, 4]
 
 
+def test_the_replays_confirmation_links_a_page_that_works_once_the_message_is_acked(client):
+    """The link led to the live message's page, a 404 once a worker acked it: it follows the message now."""
+    client = operator(client, "replay_archivedmessage")
+    dead = ArchivedMessageFactory(dead=True, queue="mail", payload={"to": "ada"})
+    url = reverse("admin:django_dbqueue_deadletter_edit_and_replay", args=[dead.pk])
+    response = client.post(url, {"payload": '{"to": "ada@example.com"}'}, follow=True)
+    new = Message.objects.get()
+    follow = reverse("admin:django_dbqueue_deadletter_follow", args=[new.pk])
+    assert user_messages(response) == [f'Replayed as message <a href="{follow}">{new.pk}</a>.']
+    [claimed] = Message.objects.claim("mail")
+    claimed.ack()
+    response = client.get(follow, follow=True)
+    assert response.status_code == 200
+    assert [row.message_id for row in response.context["cl"].result_list] == [new.pk]
+    # The list action's confirmation, likewise.
+    again = ArchivedMessageFactory(dead=True, queue="mail")
+    response = post_action(client, "deadletter", "replay", [again.pk])
+    newer = Message.objects.get()
+    follow = reverse("admin:django_dbqueue_deadletter_follow", args=[newer.pk])
+    assert f'New message: <a href="{follow}">{newer.pk}</a>.' in user_messages(response)
+
+
 def test_purge_needs_its_permission_and_deletes_only_dead_letters(client):
     dead = ArchivedMessageFactory(dead=True)
     operator(client, "replay_archivedmessage")

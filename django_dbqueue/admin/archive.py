@@ -81,8 +81,8 @@ class ArchiveAdmin(ReadOnlyQueueAdmin[ArchivedMessage]):
         replayed = self.apply(
             request, queryset, lambda row: control.replay(row, by=by, force=force), "replayed", "Not replayed"
         )
-        if len(replayed) == 1:
-            url = reverse("admin:django_dbqueue_message_change", args=[replayed[0].pk])
+        if len(replayed) == 1:  # linked to where it is when clicked: live, or archived once processed
+            url = reverse("admin:django_dbqueue_deadletter_follow", args=[replayed[0].pk])
             self.message_user(request, format_html('New message: <a href="{}">{}</a>.', url, replayed[0].pk))
 
     @admin.action(description="Replay selected (new ready messages, attempts reset)", permissions=["replay"])
@@ -160,7 +160,8 @@ class DeadLetterAdmin(ArchiveAdmin):
                 except DbQueueError as exc:
                     form.add_error(None, str(exc))
                 else:
-                    url = reverse("admin:django_dbqueue_message_change", args=[new.pk])
+                    # Where the new message is when clicked: live, or archived once a worker took it.
+                    url = reverse("admin:django_dbqueue_deadletter_follow", args=[new.pk])
                     self.message_user(request, format_html('Replayed as message <a href="{}">{}</a>.', url, new.pk))
                     return HttpResponseRedirect(reverse("admin:django_dbqueue_deadletter_change", args=[row.pk]))
         else:
