@@ -18,13 +18,26 @@ from django.core.checks import Error, Tags, Warning, register
 from .conf import find_problems, get_settings, misspelled_setting_names, raw_setting
 from .db import capabilities
 
-DOCS = "docs/settings.md"
+# The pages a hint names, as a reader of an installed wheel (which has no docs/) can open them.
+DOCS_URL = "https://github.com/django-dbqueue/django-dbqueue/blob/main/"
+
+
+def page(path: str) -> str:
+    """``docs/x.md`` as a hint names it: the page's address in the repository."""
+    return f"{DOCS_URL}{path}"
+
+
+SETTINGS_PAGE = page("docs/settings.md")
 
 
 @register()
 def check_setting(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     return [
-        Error(problem, hint=f"See {DOCS} for every key and its default.", id="django_dbqueue.E001")
+        Error(
+            problem,
+            hint=f"See the settings reference, {SETTINGS_PAGE}, for every key and its default.",
+            id="django_dbqueue.E001",
+        )
         for problem in find_problems(raw_setting())
     ]
 
@@ -35,16 +48,34 @@ def check_setting_name(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
     return [
         Warning(
             f"the setting {name} is not read by django-dbqueue, whose setting is named DBQUEUE",
-            hint=f"Rename {name} to DBQUEUE (see {DOCS}), or silence django_dbqueue.W004 if it is yours.",
+            hint=f"Rename {name} to DBQUEUE (the settings reference: {SETTINGS_PAGE}), "
+            "or silence django_dbqueue.W004 if it is yours.",
             id="django_dbqueue.W004",
         )
         for name in misspelled_setting_names()
     ]
 
 
+# (setting, module, what it is, the distribution to pip install, the extra that installs it, page, check id)
 EXTRAS = [
-    ("METRICS", "prometheus_client", "prometheus_client", "metrics", "docs/metrics.md", "django_dbqueue.E004"),
-    ("TRACING", "opentelemetry", "the OpenTelemetry API", "otel", "docs/tracing.md", "django_dbqueue.E005"),
+    (
+        "METRICS",
+        "prometheus_client",
+        "prometheus_client",
+        "prometheus_client",
+        "metrics",
+        "docs/metrics.md",
+        "django_dbqueue.E004",
+    ),
+    (
+        "TRACING",
+        "opentelemetry",
+        "the OpenTelemetry API",
+        "opentelemetry-api",
+        "otel",
+        "docs/tracing.md",
+        "django_dbqueue.E005",
+    ),
 ]
 
 
@@ -55,10 +86,10 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     return [
         Error(
             f"DBQUEUE[{key!r}] is True but {what} is not installed",
-            hint=f"pip install 'django-dbqueue[{extra}]' (see {docs})",
+            hint=f"pip install {distribution} (the {extra} extra of django-dbqueue installs it; see {page(docs)})",
             id=check_id,
         )
-        for key, package, what, extra, docs, check_id in EXTRAS
+        for key, package, what, distribution, extra, docs, check_id in EXTRAS
         if isinstance(raw, dict) and raw.get(key) is True and find_spec(package) is None
     ]
 
@@ -69,7 +100,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     from .schedules.registry import declared
 
     return [
-        Error(problem, hint="See docs/schedules.md for every field.", id="django_dbqueue.E003")
+        Error(problem, hint=f"See {page('docs/schedules.md')} for every field.", id="django_dbqueue.E003")
         for problem in declared()[1]
     ]
 
@@ -91,7 +122,7 @@ def check_databases(app_configs: Any = None, databases: Any = None, **kwargs: An
                 Error(
                     f"database {alias!r} cannot SELECT ... FOR UPDATE SKIP LOCKED; "
                     "django-dbqueue needs MySQL >= 8.0.1, MariaDB >= 10.6 or PostgreSQL",
-                    hint="See docs/databases.md.",
+                    hint=f"See {page('docs/databases.md')}.",
                     id="django_dbqueue.E002",
                 )
             )
@@ -102,7 +133,7 @@ def check_databases(app_configs: Any = None, databases: Any = None, **kwargs: An
                     "(a claim inside a longer transaction would not see newer messages, "
                     "and gap locks make deadlocks more likely)",
                     hint="Set DATABASES[...]['OPTIONS']['isolation_level'] = 'read committed' (Django's default). "
-                    "See docs/databases.md.",
+                    f"See {page('docs/databases.md')}.",
                     id="django_dbqueue.W001",
                 )
             )

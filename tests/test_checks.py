@@ -180,3 +180,22 @@ def test_a_missing_spark_jar_is_a_warning_where_pyspark_is_installed(settings, t
     assert spark_jars() == jars
     monkeypatch.setattr(spark_checks.importlib.util, "find_spec", lambda name: None)
     assert ids_and_messages() == []
+
+
+def test_the_hints_name_pages_a_wheels_user_can_open(settings):
+    """An installed wheel has no docs/: a hint gives the page's address in the repository, and the page exists."""
+    from django_dbqueue.checks import DOCS_URL
+    from tests.support.processes import ROOT
+
+    settings.DBQUEUE = {"MAX_ATTEMPTS": "three"}
+    settings.DBQUEUES = {}
+    hints = {
+        m.id: m.hint
+        for m in checks.run_checks(include_deployment_checks=False, databases=[])
+        if m.id in ("django_dbqueue.E001", "django_dbqueue.W004")
+    }
+    assert set(hints) == {"django_dbqueue.E001", "django_dbqueue.W004"}
+    for hint in hints.values():
+        assert f"{DOCS_URL}docs/settings.md" in hint
+        assert "see docs/" not in hint.lower()
+    assert (ROOT / "docs" / "settings.md").is_file()

@@ -289,6 +289,7 @@ def test_metrics_without_prometheus_client_is_a_check_error(settings, monkeypatc
     monkeypatch.setattr(checks, "find_spec", lambda name: None)
     [error] = checks.check_metrics()
     assert error.id == "django_dbqueue.E004" and "prometheus_client is not installed" in error.msg
+    assert error.hint.startswith("pip install prometheus_client ")  # installs before the package is on an index
 
 
 def start_prometheus(config, data, port):

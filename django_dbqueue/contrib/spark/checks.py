@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core.checks import Error, Warning, register
 
+from ...checks import page
 from .conf import is_url, spark_jars, spark_jars_problem
 
 
@@ -19,14 +20,20 @@ from .conf import is_url, spark_jars, spark_jars_problem
 def check_spark_jars(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
     """A bad value is an error; a missing jar only matters where PySpark is installed (it fails late, inside Spark)."""
     if (problem := spark_jars_problem()) is not None:
-        return [Error(problem, hint="See docs/settings.md for every key and its default.", id="django_dbqueue.E001")]
+        return [
+            Error(
+                problem,
+                hint=f"See the settings reference, {page('docs/settings.md')}, for every key and its default.",
+                id="django_dbqueue.E001",
+            )
+        ]
     if not _installed("pyspark"):
         return []
     return [
         Warning(
             f"DBQUEUE['SPARK_JARS'] lists {jar!r}, which does not exist; queueanalytics cannot load that JDBC driver",
             hint="Install the driver (Debian: libmariadb-java, libpostgresql-jdbc-java, libxerial-sqlite-jdbc-java) "
-            "or set DBQUEUE['SPARK_JARS']. See docs/analytics.md.",
+            f"or set DBQUEUE['SPARK_JARS']. See {page('docs/analytics.md')}.",
             id="django_dbqueue.W003",
         )
         for jar in spark_jars()
