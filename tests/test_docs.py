@@ -247,11 +247,36 @@ def test_the_quickstart_reaches_an_acked_message_a_dead_letter_and_its_replay(re
     assert dbqueue.run_until_empty("emails") == {"acked": 1}
     assert "Welcome, ada@example.com!" in capsys.readouterr().out
 
-    run_block(the_block("not-an-address"), request)
+    run_block(the_block('{"to": "not-an-address"}'), request)
     assert dbqueue.run_until_empty("emails") == {"rejected": 1}
+    looked = the_block("counts_by_queue()")
+    capsys.readouterr()
+    run_block(looked, request)
+    assert printed_lines(capsys.readouterr().out) == printed_lines("\n".join(shown_output(looked)))
     run_block(the_block("replay("), request)
     assert ArchivedMessage.objects.dead().get().replayed_by == "me"
     assert len(dbqueue.enqueued("emails")) == 1
+
+
+def shown_output(block: Block) -> list[str]:
+    """The output a block shows: the ``# ...`` lines that follow a ``print(...)`` (a loop's too)."""
+    shown, after_print = [], False
+    for line in block.code.splitlines():
+        if after_print and line.startswith("# "):
+            shown.append(line[2:])
+        elif line.strip():
+            after_print = "print(" in line or (after_print and line.startswith(" "))
+    return shown
+
+
+def printed_lines(text: str) -> list[str]:
+    """Lines of output with their numbers as N: the ids a database hands out differ from the page's."""
+    return [re.sub(r"\d+", "N", line) for line in text.strip().splitlines()]
+
+
+def test_shown_output_reads_the_comments_after_prints():
+    code = "x = 1\n# not output\nprint(x)\n# 1\nfor i in [2]:\n    print(i)\n# 2\n"
+    assert shown_output(Block("x.md", 1, code, True)) == ["1", "2"]
 
 
 @pytest.mark.django_db
