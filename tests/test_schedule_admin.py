@@ -1,6 +1,7 @@
 """The schedules' admin through the test client: the list, enable/disable and run now, with and without permission."""
 
 import pytest
+from django.urls import reverse
 
 from django_dbqueue.models import Message, Schedule, ScheduleRun
 from django_dbqueue.schedules.scheduler import Scheduler
@@ -72,10 +73,17 @@ def test_run_now_needs_its_permission_and_sends_one_message(client, known):
     client.force_login(staff("runner", VIEW, "run_schedule"))
     response = post_action(client, "schedule", "run_now", ["nightly"])
     manual = Message.objects.filter(queue="s-night", headers__schedule_trigger="manual").get()
-    assert f'nightly: sent <a href="/admin/django_dbqueue/message/{manual.pk}/change/">message {manual.pk}</a>.' in [
+    # The link follows the message (live, or archived once a worker took it): the live page would 404 then.
+    follow = reverse("admin:django_dbqueue_deadletter_follow", args=[manual.pk])
+    assert f'nightly: sent <a href="{follow}">message {manual.pk}</a>.' in [
         str(m) for m in response.context["messages"]
     ]
     assert ScheduleRun.objects.get(message_id=manual.pk).fired_by == "runner"
+    client.force_login(staff("reader", "view_deadletter", "view_message", "view_archivedmessage"))
+    assert client.get(follow)["Location"] == reverse("admin:django_dbqueue_message_change", args=[manual.pk])
+    for claimed in Message.objects.claim("s-night", limit=10):
+        assert claimed.ack()
+    assert client.get(follow)["Location"].endswith(f"?message_id={manual.pk}")
 
 
 def test_run_now_refuses_an_orphan(client, known):

@@ -143,7 +143,8 @@ class ScheduleAdmin(RefusedActions[Schedule]):
             if fired is None or fired.message is None:
                 self.message_user(request, f"{row.name}: not sent, try again.", messages.WARNING)
                 continue
-            url = reverse("admin:django_dbqueue_message_change", args=[fired.message.pk])
+            # Where the message is when clicked: live, or archived once a worker took it.
+            url = reverse("admin:django_dbqueue_deadletter_follow", args=[fired.message.pk])
             self.message_user(
                 request, format_html('{}: sent <a href="{}">message {}</a>.', row.name, url, fired.message.pk)
             )
