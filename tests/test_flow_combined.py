@@ -1,0 +1,130 @@
+"""Flow-control rules combined: a backlog held back at the head of a queue never hides an eligible message.
+
+docs/flow-control.md, "Combining rules". Each rule below holds back a
+backlog longer than a claim's window of candidates, ahead of one message
+that every rule lets through; a claim of one message must take it, and the
+rules must still hold for what the claim leaves.
+"""
+
+import itertools
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections, transaction
+
+import django_dbqueue
+from django_dbqueue.db.clock import db_now
+from django_dbqueue.models import FlowGroup, Message, RateSlot
+from django_dbqueue.models.flow import EXTRA_CANDIDATES
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUEUE = "fc-combined"
+BACKLOG = EXTRA_CANDIDATES + 5  # more held-back rows than a claim of one reads past what it wants
+
+# Each rule: its settings, and how it holds a backlog back.
+RULES = {
+    "group": {"GROUP_CONCURRENCY": 1},
+    "kind": {"KIND_GROUP_CONCURRENCY": {"solo": 1}},
+    "ordered": {"ORDERED": True},
+    "rate": {"RATE_LIMIT": "1000/m"},
+    "group-rate": {"RATE_LIMIT": "2/m per group"},
+}
+# Refused by the system check (ORDERED already runs one at a time), or one setting (RATE_LIMIT) given twice.
+REFUSED = {("group", "ordered"), ("kind", "ordered"), ("group-rate", "rate")}
+ALLOWED_PAIRS = [pair for pair in itertools.combinations(sorted(RULES), 2) if pair not in REFUSED]
+
+
+def in_flight(messages):
+    """Lease ``messages`` for an hour, as another worker's claim would have."""
+    Message.objects.filter(pk__in=[m.pk for m in messages]).update(
+        lease_token="other-worker", available_at=db_now("default") + timedelta(hours=1), attempts=1
+    )
+
+
+def hold_back(rule):
+    """Enqueue a backlog of BACKLOG messages that ``rule`` holds back; returns their ids."""
+    if rule == "group":
+        in_flight([django_dbqueue.enqueue(QUEUE, {"running": "g"}, group="held-g")])
+        return _backlog(group="held-g")
+    if rule == "kind":
+        in_flight([django_dbqueue.enqueue(QUEUE, {"running": "k"}, group="held-k", kind="solo")])
+        return _backlog(group="held-k", kind="solo")
+    if rule == "ordered":
+        django_dbqueue.enqueue(QUEUE, {"head": "o"}, group="held-o", delay=3600)  # the head is due in an hour
+        return _backlog(group="held-o")
+    if rule == "group-rate":
+        now = db_now("default")
+        for scope in ("held-r", ""):  # a group, and the messages of no group, have used their budget
+            RateSlot.objects.bulk_create([RateSlot(queue=QUEUE, group=scope, slot=n, used_at=now) for n in range(2)])
+        return _backlog(group="held-r") | _backlog(group=None)
+    return set()  # a rate for the whole queue holds every message or none: nothing to hide behind
+
+
+def _backlog(**options):
+    made = django_dbqueue.enqueue_many(QUEUE, [{"n": n} for n in range(BACKLOG)], **options)
+    return {m.pk for m in made}
+
+
+@pytest.fixture
+def rules(settings):
+    def configure(*names):
+        queue = {}
+        for name in names:
+            queue.update(RULES[name])
+        settings.DBQUEUE = {"QUEUES": {QUEUE: queue}}
+
+    return configure
+
+
+@pytest.mark.parametrize("pair", [(rule,) for rule in sorted(RULES)] + ALLOWED_PAIRS, ids="+".join)
+def test_a_held_back_backlog_does_not_hide_the_eligible_message_behind_it(rules, pair):
+    rules(*pair)
+    held = set().union(*(hold_back(rule) for rule in pair))
+    eligible = django_dbqueue.enqueue(QUEUE, {"eligible": True}, group="free")
+    taken = Message.objects.claim(QUEUE, 1)
+    assert [m.pk for m in taken] == [eligible.pk]
+    # And the rules hold: nothing held back is taken by a larger claim either.
+    more = Message.objects.claim(QUEUE, 100)
+    assert not {m.pk for m in more} & held, sorted(m.payload for m in more if m.pk in held)
+
+
+def test_the_refused_pairs_are_refused_by_the_check():
+    from django_dbqueue.conf import find_problems
+
+    for a, b in REFUSED:
+        if "rate" in a and "rate" in b:
+            continue  # one RATE_LIMIT setting: the pair cannot be written
+        queue = {**RULES[a], **RULES[b]}
+        assert find_problems({"QUEUES": {"q": queue}}), (a, b)
+
+
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="SQLite has no row locks: its one writer serializes claims")
+def test_a_claim_of_one_skips_a_group_another_claim_is_deciding_for(rules):
+    """Group a's row is locked by a concurrent claim: a claim of one message takes group b's instead of nothing."""
+    rules("group")
+    first = django_dbqueue.enqueue(QUEUE, {"n": "a"}, group="a")
+    django_dbqueue.enqueue(QUEUE, {"n": "b"}, group="b")
+    FlowGroup.objects.create(queue=QUEUE, name="a")
+    made, opened, release = {}, threading.Event(), threading.Event()
+
+    def hold():
+        try:
+            with transaction.atomic():
+                made["held"] = list(FlowGroup.objects.select_for_update().filter(queue=QUEUE, name="a"))
+                opened.set()
+                release.wait(60)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert opened.wait(30)
+        taken = Message.objects.claim(QUEUE, 1)
+    finally:
+        release.set()
+        holder.join(60)
+    assert [m.payload["n"] for m in taken] == ["b"]
+    assert [m.pk for m in Message.objects.claim(QUEUE, 1)] == [first.pk]
