@@ -8,6 +8,7 @@ rules must still hold for what the claim leaves.
 
 import itertools
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -100,9 +101,10 @@ def test_the_refused_pairs_are_refused_by_the_check():
         assert find_problems({"QUEUES": {"q": queue}}), (a, b)
 
 
-@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="SQLite has no row locks: its one writer serializes claims")
 def test_a_claim_of_one_skips_a_group_another_claim_is_deciding_for(rules):
     """Group a's row is locked by a concurrent claim: a claim of one message takes group b's instead of nothing."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no row locks: its one writer serializes claims")
     rules("group")
     first = django_dbqueue.enqueue(QUEUE, {"n": "a"}, group="a")
     django_dbqueue.enqueue(QUEUE, {"n": "b"}, group="b")
@@ -128,3 +130,55 @@ def test_a_claim_of_one_skips_a_group_another_claim_is_deciding_for(rules):
         holder.join(60)
     assert [m.payload["n"] for m in taken] == ["b"]
     assert [m.pk for m in Message.objects.claim(QUEUE, 1)] == [first.pk]
+
+
+# --- --until-empty: which held-back messages leave a queue empty ---------------------------------------
+
+
+def run_until_empty(queue):
+    """Run a worker in this process until it finds the queue empty; returns its exit status and its seconds."""
+    from django_dbqueue.worker import QueueWorker, WorkerConfig
+
+    started = time.monotonic()
+    status = QueueWorker(WorkerConfig(queues=[queue], until_empty=True, max_runtime=60)).run()
+    return status, time.monotonic() - started
+
+
+def test_until_empty_leaves_a_fifo_group_whose_head_is_due_later():
+    """The head is due in an hour: its group waits for it, as a scheduled message waits, and the worker exits."""
+    from django_dbqueue.worker import ExitStatus
+
+    django_dbqueue.enqueue("fc-fifo", {"n": "head"}, group="a", delay=3600)
+    django_dbqueue.enqueue_many("fc-fifo", [{"n": n} for n in range(3)], group="a")
+    django_dbqueue.enqueue_many("fc-fifo", [{"n": n} for n in range(2)], group="b")
+    status, seconds = run_until_empty("fc-fifo")
+    assert status == ExitStatus.OK
+    assert seconds < 30, "the worker polled for the held-back group until --max-runtime"
+    assert sorted(Message.objects.values_list("group", flat=True)) == ["a"] * 4
+
+
+def test_until_empty_leaves_a_group_at_its_limit_in_flight_elsewhere(rules):
+    from django_dbqueue.worker import ExitStatus
+
+    rules("group", "kind")
+    in_flight([django_dbqueue.enqueue(QUEUE, {"running": "g"}, group="a")])
+    in_flight([django_dbqueue.enqueue(QUEUE, {"running": "k"}, group="b", kind="solo")])
+    django_dbqueue.enqueue_many(QUEUE, [{"n": n} for n in range(3)], group="a")
+    django_dbqueue.enqueue_many(QUEUE, [{"n": n} for n in range(3)], group="b", kind="solo")
+    assert not Message.objects.any_claimable([QUEUE])
+    django_dbqueue.enqueue(QUEUE, {"n": "b"}, group="b")  # another kind of group b: room for it
+    assert Message.objects.any_claimable([QUEUE])
+    status, seconds = run_until_empty(QUEUE)
+    assert status == ExitStatus.OK and seconds < 30
+    assert Message.objects.filter(payload__n="b").count() == 0
+    assert Message.objects.count() == 8
+
+
+def test_until_empty_waits_for_a_rate_limit_to_let_the_rest_through():
+    """A rate holds a message back for one period at most: the worker waits for it, and drains the queue."""
+    from django_dbqueue.worker import ExitStatus
+
+    django_dbqueue.enqueue_many("fc-rate-group", [{"n": n} for n in range(12)], group="a")  # 5/s per group
+    status, _ = run_until_empty("fc-rate-group")
+    assert status == ExitStatus.OK
+    assert not Message.objects.exists()

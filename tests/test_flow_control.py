@@ -427,10 +427,10 @@ def test_the_reaper_skips_a_group_whose_producer_holds_it_and_prunes_the_rest(un
 
 @pytest.mark.skipif("connection.vendor != 'mysql'", reason="only InnoDB's locking read outruns its sub-select")
 def test_a_claim_on_mysql_takes_only_group_heads_even_when_its_sub_select_misses_their_elders():
-    """MySQL/MariaDB: the claim's locking read returns the newest rows, its NOT EXISTS an older snapshot.
+    """MySQL/MariaDB: the claim's locking read returns the newest rows, its sub-select of the head an older snapshot.
 
-    A message whose elder committed after that snapshot passes the NOT
-    EXISTS. That interleaving falls inside one statement and cannot be timed
+    A message whose elder committed after that snapshot passes for the
+    head. That interleaving falls inside one statement and cannot be timed
     from a test, so the sub-select is made to miss every elder instead (it is
     pointed at a queue with nothing in it); the claim's recheck must still
     leave the second message of the group alone.
@@ -441,7 +441,7 @@ def test_a_claim_on_mysql_takes_only_group_heads_even_when_its_sub_select_misses
     missed = []
 
     def stale_sub_select(execute, sql, params, many, context):
-        if "NOT EXISTS (SELECT 1 FROM" in sql:
+        if "ORDER BY h." in sql:  # the sub-select of the group's head
             missed.append(sql)
             params = [*params[:-1], "fc-nothing-here"]
         return execute(sql, params, many, context)

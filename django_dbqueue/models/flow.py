@@ -186,52 +186,110 @@ def take_turns(using: str, queue: str, groups: set[str]) -> None:
 # --- consuming: the controlled claim ------------------------------------------------------
 
 
-def _candidates_sql(using: str, name: str, window: int) -> str:
-    """The controlled claim's SELECT: claimable rows, locked, skipping groups that cannot run.
+def _plan(using: str, queue: str, options: QueueOptions, *, probe: bool = False) -> tuple[str, list[Any]]:
+    """The candidates' statement for ``queue`` (its name for :func:`_candidates_sql`) and its parameters.
 
-    ``name``: ``plain`` (params queue, max_attempts), ``ordered`` (+ queue:
-    only a group's oldest message, the one with no earlier message of its
-    group; written as NOT EXISTS, which PostgreSQL plans as a walk of the
-    claim index, where ``id = MIN(id)`` made it sort every ready row),
-    ``busy<N>`` (+ the N kinds with limits of their own, queue, those kinds
-    again, limit: not groups with that many in flight), ``rated`` (+ queue, then the clock minus the period:
-    not groups whose every rate slot is in use). The filters only spare the
-    claim from reading rows it cannot take (head-of-line blocking); what
-    decides is the check under the group's lock that follows.
+    One filter per rule the queue sets, all of them in the one SELECT, so
+    that a row any rule holds back is never a candidate: FIFO heads
+    (``ordered``), the kinds with limits of their own (``kinds<N>``), the
+    group limit of the other kinds (``limit<N>``, N the kinds it leaves
+    to their own limits), a rate per group (``rated``). ``probe``: the
+    ``--until-empty`` look, which leaves rates out (a rate holds a
+    message back for one period at most) and locks nothing.
+    """
+    parts: list[str] = []
+    params: list[Any] = [queue, options.max_attempts]
+    if options.ordered:
+        parts.append("ordered")
+        params.append(queue)
+    own = sorted(options.kind_group_concurrency)
+    if own:
+        parts.append(f"kinds{len(own)}")
+        params += [*own, queue, *own]
+        for kind in own:
+            params += [kind, options.kind_group_concurrency[kind]]
+    if options.group_concurrency:
+        parts.append(f"limit{len(own)}")
+        params += [*own, queue, *own, options.group_concurrency]
+    rate = options.rate_limit
+    if rate is not None and rate.per_group and not probe:
+        parts.append("rated")
+        params += [queue, *compile_now(using, -rate.seconds)[1], rate.count]
+    name = "-".join(parts) or "plain"
+    if probe:
+        return f"probe-{name}", params
+    if (own or options.group_concurrency) and locks_outer_joined_rows(using):
+        name += "+groups"
+    return f"flow-{name}", params
+
+
+def _candidates_sql(using: str, name: str, window: int) -> str:
+    """The controlled claim's SELECT (see :func:`_plan`): claimable rows, locked, none that a rule holds back.
+
+    ``ordered`` keeps a row only if no earlier message of its group exists:
+    its id is at most the group's first (a sub-select per row on the group
+    index; ``id = MIN(id)`` made PostgreSQL sort every ready row). ``kinds<N>`` and
+    ``limit<N>`` leave out the groups (per kind with a limit of its own)
+    that have their limit in flight, read off the few messages in flight.
+    ``rated`` leaves out the groups (and, as ``''``, the messages of no
+    group) whose period already holds ``count`` uses of their slots. The
+    filters spare the claim rows it cannot take, so that no backlog held
+    back at the head of the queue fills its window; what decides is the
+    check under the group's lock, and the rate slots' lock, that follow.
+    ``probe-...``: whether any row passes, locking nothing.
     """
     connection = connections[using]
     qn = connection.ops.quote_name
-    name = name.removeprefix("flow-")
+    probe = name.startswith("probe-")
+    name = name.removeprefix("flow-").removeprefix("probe-")
     name, joined = name.removesuffix("+groups"), name.endswith("+groups")
+    parts = name.split("-")
     columns, _ = _message_reader(using)
     t, g, i, q, k = qn(MESSAGE_TABLE), qn("group_key"), qn("id"), qn("queue"), qn("kind")
     now, _ = compile_now(using)
     where = _claimable_where(using)
-    if name == "ordered":
-        where += (
-            f" AND ({t}.{g} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} h "
-            f"WHERE h.{q} = %s AND h.{g} = {t}.{g} AND h.{i} < {t}.{i}))"
-        )
-    elif name.startswith("busy"):
-        # busy<N>: N kinds have limits of their own; they count apart, so they are neither counted nor left out here.
-        own = int(name.removeprefix("busy"))
-        kinds = ", ".join(["%s"] * own)
-        mine, theirs = (f"{t}.{k} IN ({kinds}) OR ", f"AND b.{k} NOT IN ({kinds}) ") if own else ("", "")
-        # The messages in flight are few: read them through the lease index. Given (queue, group, id),
-        # MariaDB read every message of the queue once its statistics lagged behind the backlog.
-        lease_index = use_index(using, LEASE_INDEX)
-        where += (
-            f" AND ({t}.{g} IS NULL OR {mine}{t}.{g} NOT IN (SELECT b.{g} FROM {t} b{lease_index} WHERE b.{q} = %s "
-            f"AND b.{qn('lease_token')} IS NOT NULL AND b.{qn('available_at')} > {now} AND b.{g} IS NOT NULL "
-            f"{theirs}GROUP BY b.{g} HAVING COUNT(*) >= %s))"
-        )
-    elif name == "rated":
-        s = qn(RateSlot._meta.db_table)
-        period_ago, _ = compile_now(using, -1.0)  # the SQL's shape; the period is a parameter
-        where += (
-            f" AND ({t}.{g} IS NULL OR {t}.{g} NOT IN (SELECT r.{g} FROM {s} r WHERE r.{q} = %s "
-            f"GROUP BY r.{g} HAVING MIN(r.{qn('used_at')}) > {period_ago}))"
-        )
+    # The messages in flight are few: read them through the lease index. Given (queue, group, id),
+    # MariaDB read every message of the queue once its statistics lagged behind the backlog.
+    running = (
+        f"FROM {t} b{use_index(using, LEASE_INDEX)} WHERE b.{q} = %s AND b.{qn('lease_token')} IS NOT NULL "
+        f"AND b.{qn('available_at')} > {now} AND b.{g} IS NOT NULL"
+    )
+    for part in parts:
+        if part == "ordered":
+            # No earlier message of the group: its first id by the group index, which ORDER BY ... LIMIT 1
+            # holds the planner to (with NOT EXISTS, PostgreSQL scanned the table for a big group's elders).
+            where += (
+                f" AND ({t}.{g} IS NULL OR {t}.{i} <= COALESCE((SELECT h.{i} FROM {t} h "
+                f"WHERE h.{q} = %s AND h.{g} = {t}.{g} ORDER BY h.{i} LIMIT 1), {t}.{i}))"
+            )
+        elif part.startswith("kinds"):
+            kinds = ", ".join(["%s"] * int(part.removeprefix("kinds")))
+            limits = " ".join(["WHEN %s THEN %s"] * int(part.removeprefix("kinds")))
+            where += (
+                f" AND ({t}.{g} IS NULL OR {t}.{k} NOT IN ({kinds}) OR ({t}.{g}, {t}.{k}) NOT IN "
+                f"(SELECT b.{g}, b.{k} {running} AND b.{k} IN ({kinds}) "
+                f"GROUP BY b.{g}, b.{k} HAVING COUNT(*) >= CASE b.{k} {limits} END))"
+            )
+        elif part.startswith("limit"):
+            # The kinds with limits of their own count apart: here they are neither counted nor left out.
+            own = int(part.removeprefix("limit"))
+            kinds = ", ".join(["%s"] * own)
+            mine, theirs = (f"{t}.{k} IN ({kinds}) OR ", f" AND b.{k} NOT IN ({kinds})") if own else ("", "")
+            where += (
+                f" AND ({t}.{g} IS NULL OR {mine}{t}.{g} NOT IN (SELECT b.{g} {running}{theirs} "
+                f"GROUP BY b.{g} HAVING COUNT(*) >= %s))"
+            )
+        elif part == "rated":
+            s, used = qn(RateSlot._meta.db_table), qn("used_at")
+            period_ago, _ = compile_now(using, -1.0)  # the SQL's shape; the period is a parameter
+            # A scope with `count` uses in the period has no free slot left: the slots left from a higher
+            # limit count too (take_slots), and a scope's slots are made all at once.
+            where += (
+                f" AND COALESCE({t}.{g}, '') NOT IN (SELECT r.{g} FROM {s} r WHERE r.{q} = %s "
+                f"AND r.{used} > {period_ago} GROUP BY r.{g} HAVING COUNT(*) >= %s)"
+            )
+    if probe:
+        return f"SELECT 1 FROM {t} WHERE {where} LIMIT 1"
     lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     order = f"{t}.{qn('priority')}, {t}.{qn('available_at')}, {t}.{i}"
     source = t
@@ -242,6 +300,21 @@ def _candidates_sql(using: str, name: str, window: int) -> str:
         source = f"{t} LEFT JOIN {fg} fg ON fg.{q} = {t}.{q} AND fg.{qn('name')} = {t}.{g}"
         columns += f", fg.{qn('name')}"
     return f"SELECT {columns}, {now} FROM {source} WHERE {where} ORDER BY {order} LIMIT {int(window)}{lock}"
+
+
+def any_eligible(using: str, queue: str, options: QueueOptions) -> bool:
+    """Whether a claim could take a message of ``queue`` now but for its rate: the ``--until-empty`` look.
+
+    A message that a group rule holds back (its group's elder waits or
+    runs, its group has its limit in flight elsewhere) leaves the queue
+    empty: it waits for something that is not this worker's to do, as a
+    scheduled message does. A rate holds messages back for one period at
+    most, and the worker waits that long.
+    """
+    name, params = _plan(using, queue, options, probe=True)
+    with connections[using].cursor() as cursor:
+        cursor.execute(_statement(using, name, 1, _candidates_sql), params)
+        return cursor.fetchone() is not None
 
 
 def claim_controlled(
@@ -255,25 +328,10 @@ def claim_controlled(
     connection = connections[using]
     window = min(limit + EXTRA_CANDIDATES, MAX_CANDIDATES)
     rate = options.rate_limit
-    params: list[Any] = [queue, options.max_attempts]
-    if options.ordered:
-        name = "ordered"
-        params.append(queue)
-    elif options.group_concurrency:
-        own = sorted(options.kind_group_concurrency)
-        name = f"busy{len(own)}"
-        params += [*own, queue, *own, options.group_concurrency]
-    elif rate is not None and rate.per_group:
-        name = "rated"
-        params += [queue, *compile_now(using, -rate.seconds)[1]]
-    else:
-        name = "plain"
-    limited = bool(options.group_concurrency or options.kind_group_concurrency)
-    joined = limited and locks_outer_joined_rows(using)
-    if joined:
-        name += "+groups"
+    name, params = _plan(using, queue, options)
+    joined = name.endswith("+groups")
     with connection.cursor() as cursor:
-        cursor.execute(_statement(using, f"flow-{name}", window, _candidates_sql), params)
+        cursor.execute(_statement(using, name, window, _candidates_sql), params)
         rows = cursor.fetchall()
     if not rows:
         return [], None
@@ -282,7 +340,7 @@ def claim_controlled(
     kind_of = {row[0]: _kind(row) for row in rows}
     if options.ordered and locking_reads_see_newer_rows(using):
         rows = heads_only(using, queue, rows, group_of)
-    if limited:
+    if options.group_concurrency or options.kind_group_concurrency:
         locked = {row[-2] for row in rows if row[-2] is not None} if joined else set()
         rows = _within_group_limits(using, queue, rows, options, group_of, kind_of, clock, limit, locked)
     else:
@@ -297,7 +355,7 @@ def heads_only(using: str, queue: str, rows: list[Any], group_of: dict[int, str 
     """The rows that are their group's oldest live message, by a read in a statement of its own.
 
     MySQL/MariaDB: the candidates' locking read returns the newest
-    committed rows, while its NOT EXISTS reads the statement's snapshot,
+    committed rows, while its sub-select of the head reads the statement's snapshot,
     which may be older. A message committed after the snapshot could then
     pass for its group's head, its elder having committed after the
     snapshot too. A new statement's snapshot holds every row the locking
@@ -351,19 +409,43 @@ def _within_group_limits(
     """The rows, in claim order, that keep every group within its limit: counted under the groups' locks.
 
     ``locked``: groups whose rows the candidates' SELECT locked already.
-    Of the others, only the first ``limit`` groups met are locked: each can
-    give the claim a message, and a group left alone stays free for a
-    concurrent claim.
+    The others are locked as the claim needs them, in claim order: first
+    as many as it wants messages, then, for each group another claim held
+    (skipped), the next one. So a group left alone stays free for a
+    concurrent claim, and a claim of one message that meets a group held
+    by another claim takes the next group's message instead of nothing.
     """
-    groups: list[str] = []
-    for row in rows:
-        group = group_of[row[0]]
-        if group is not None and group not in groups:
-            groups.append(group)
-            if len(groups) >= limit:
-                break
-    locked = locked | lock_groups(using, queue, sorted(g for g in groups if g not in locked))
+    met = list(dict.fromkeys(group for row in rows if (group := group_of[row[0]]) is not None))
+    tried = set(locked)
     running = in_flight(using, queue, sorted(locked), clock) if locked else Counter()
+    while True:
+        taken, halted = _fitting(rows, options, group_of, kind_of, limit, locked, tried, running)
+        untried = [group for group in met if group not in tried]
+        if len(taken) >= limit or not halted or not untried:
+            return taken
+        batch = untried[: limit - len(taken)]
+        tried.update(batch)
+        fresh = lock_groups(using, queue, sorted(batch))
+        if fresh:
+            locked = locked | fresh
+            running = running + in_flight(using, queue, sorted(fresh), clock)
+
+
+def _fitting(
+    rows: list[Any],
+    options: QueueOptions,
+    group_of: dict[int, str | None],
+    kind_of: dict[int, str],
+    limit: int,
+    locked: set[str],
+    tried: set[str],
+    running: Counter[tuple[str, str | None]],
+) -> tuple[list[Any], bool]:
+    """The rows that fit their groups' limits, in claim order, up to the first row of a group not yet tried.
+
+    Returns them, and whether such a row stopped the walk.
+    """
+    counts = Counter(running)
     overridden = options.kind_group_concurrency
     taken: list[Any] = []
     for row in rows:
@@ -373,15 +455,17 @@ def _within_group_limits(
         if group is None:
             taken.append(row)
             continue
+        if group not in tried:
+            return taken, True
         if group not in locked:
             continue  # another claim is deciding for this group right now
         kind = kind_of[row[0]]
         bucket = (group, kind if kind in overridden else None)
         allowed = options.group_limit(kind)
-        if allowed is None or running[bucket] < allowed:
-            running[bucket] += 1
+        if allowed is None or counts[bucket] < allowed:
+            counts[bucket] += 1
             taken.append(row)
-    return taken
+    return taken, False
 
 
 def lock_groups(using: str, queue: str, groups: list[str]) -> set[str]:

@@ -248,8 +248,18 @@ class MessageQuerySet(models.QuerySet["Message"]):
         return set(distinct_leading(self.db, MESSAGE_TABLE, "queue"))
 
     def any_claimable(self, queues: Iterable[str]) -> bool:
-        """Whether a claim on any of ``queues`` would find something now."""
-        return any(self.filter(queue=q).claimable(queue_options(q).max_attempts).exists() for q in queues)
+        """Whether a claim on any of ``queues`` would find something now (``--until-empty``'s last look).
+
+        On a queue with group rules, a message they hold back does not count
+        (:func:`.flow.any_eligible`); one a rate holds back does.
+        """
+        return any(self._any_claimable(queue) for queue in queues)
+
+    def _any_claimable(self, queue: str) -> bool:
+        options = queue_options(queue)
+        if options.ordered or options.group_concurrency or options.kind_group_concurrency:
+            return flow.any_eligible(self.db, queue, options)
+        return self.filter(queue=queue).claimable(options.max_attempts).exists()
 
     def poison(self, max_attempts: int) -> MessageQuerySet:
         """Messages whose lease ran out on their last attempt: the reaper dead-letters them."""

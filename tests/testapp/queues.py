@@ -131,6 +131,8 @@ def cancellable(message):
 
 @django_dbqueue.handler("fc-groups")
 @django_dbqueue.handler("fc-rate")
+@django_dbqueue.handler("fc-rate-group")
+@django_dbqueue.handler("fc-combined")
 def timed(message):
     """Returns when it ran (wall clock, one machine): tests/test_flow_processes.py checks overlaps per group."""
     started = time.time()
