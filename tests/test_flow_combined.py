@@ -56,10 +56,14 @@ def hold_back(rule):
         django_dbqueue.enqueue(QUEUE, {"head": "o"}, group="held-o", delay=3600)  # the head is due in an hour
         return _backlog(group="held-o")
     if rule == "group-rate":
+        # Many groups with a ready message each, and the messages of no group, have used their period's budget.
         now = db_now("default")
-        for scope in ("held-r", ""):  # a group, and the messages of no group, have used their budget
-            RateSlot.objects.bulk_create([RateSlot(queue=QUEUE, group=scope, slot=n, used_at=now) for n in range(2)])
-        return _backlog(group="held-r") | _backlog(group=None)
+        scopes = [f"held-r{n}" for n in range(BACKLOG)]
+        RateSlot.objects.bulk_create(
+            [RateSlot(queue=QUEUE, group=scope, slot=n, used_at=now) for scope in [*scopes, ""] for n in range(2)]
+        )
+        made = [django_dbqueue.enqueue(QUEUE, {"n": scope}, group=scope) for scope in scopes]
+        return {m.pk for m in made} | _backlog(group=None)
     return set()  # a rate for the whole queue holds every message or none: nothing to hide behind
 
 
