@@ -187,7 +187,7 @@ def take_turns(using: str, queue: str, groups: set[str]) -> None:
 
 
 def _plan(using: str, queue: str, options: QueueOptions, *, probe: bool = False) -> tuple[str, list[Any]]:
-    """The candidates' statement for ``queue`` (its name for :func:`_candidates_sql`) and its parameters.
+    """The candidates' statement for ``queue`` (its name for `_candidates_sql`) and its parameters.
 
     One filter per rule the queue sets, all of them in the one SELECT, so
     that a row any rule holds back is never a candidate: FIFO heads
@@ -224,7 +224,7 @@ def _plan(using: str, queue: str, options: QueueOptions, *, probe: bool = False)
 
 
 def _candidates_sql(using: str, name: str, window: int) -> str:
-    """The controlled claim's SELECT (see :func:`_plan`): claimable rows, locked, none that a rule holds back.
+    """The controlled claim's SELECT (see `_plan`): claimable rows, locked, none that a rule holds back.
 
     ``ordered`` keeps a row only if no earlier message of its group exists:
     its id is at most the group's first (a sub-select per row on the group

@@ -251,7 +251,7 @@ class MessageQuerySet(models.QuerySet["Message"]):
         """Whether a claim on any of ``queues`` would find something now (``--until-empty``'s last look).
 
         On a queue with group rules, a message they hold back does not count
-        (:func:`.flow.any_eligible`); one a rate holds back does.
+        (`flow.any_eligible`); one a rate holds back does.
         """
         return any(self._any_claimable(queue) for queue in queues)
 
