@@ -16,7 +16,7 @@ from ..db.transactions import write_transaction
 from ..exceptions import AlreadyReplayed, DuplicateKey, InvalidOption
 from ..validation import storable_result, storable_text
 from .fields import NameField
-from .statements import ARCHIVE_TABLE, COPIED, attribute
+from .statements import ARCHIVE_TABLE, COPIED, attribute, message_model
 
 if TYPE_CHECKING:
     from .messages import Message
@@ -86,8 +86,6 @@ class ArchivedMessageQuerySet(models.QuerySet[Row]):
         ones, forced or not), once each unless ``force``; a key that is live
         already refuses the replay.
         """
-        from .messages import Message
-
         using = self.db
 
         def run() -> Message:
@@ -106,7 +104,7 @@ class ArchivedMessageQuerySet(models.QuerySet[Row]):
                     )
                 message = build(row)
                 message.replay_of = row.pk
-                Message.objects.using(using).insert(message, None)
+                message_model().objects.using(using).insert(message, None)
                 if not message.was_created:
                     raise DuplicateKey(
                         f"key {row.key!r} is live in queue {row.queue!r} as message {message.pk}; "

@@ -15,18 +15,17 @@ from django.dispatch import Signal
 from .. import signals
 from ..db.transactions import after_commit
 from . import wakeups
+from .archive import ArchivedMessage, Outcome
+from .statements import message_model
 
 if TYPE_CHECKING:
-    from .archive import ArchivedMessage
     from .messages import Message
 
 logger = logging.getLogger("django_dbqueue")
 
 
 def _sender() -> type:
-    from .messages import Message
-
-    return Message
+    return message_model()
 
 
 def listened(signal: Signal) -> bool:
@@ -65,8 +64,6 @@ def settle(rows: list[ArchivedMessage], using: str) -> list[ArchivedMessage]:
     """
     if not rows or not any(_unsettled(row) for row in rows):
         return rows
-    from .archive import ArchivedMessage
-
     stored: dict[tuple[int, str], ArchivedMessage] = {}
     found = ArchivedMessage.objects.using(using).filter(message_id__in=[row.message_id for row in rows])
     for row in found.order_by("id"):
@@ -100,8 +97,6 @@ def failed(message: Message, error: str, delay: float) -> None:
 
 def signal_of(outcome: str) -> Signal:
     """The signal a message finishing with ``outcome`` (acked, dead, expired, cancelled) sends."""
-    from .archive import Outcome
-
     by_outcome: dict[str, Signal] = {
         Outcome.ACKED: signals.message_acked,
         Outcome.DEAD: signals.message_dead_lettered,
@@ -113,8 +108,6 @@ def signal_of(outcome: str) -> Signal:
 
 def finished(message: Message, outcome: str, archived: ArchivedMessage | None, row: dict[str, Any]) -> None:
     """The signal of ``outcome`` (acked, dead, expired, cancelled) for one message."""
-    from .archive import Outcome
-
     signal = signal_of(outcome)
     if not listened(signal):
         return

@@ -24,6 +24,7 @@ from ..db.errors import with_retries
 from ..db.transactions import write_transaction
 from . import events
 from .fields import NameField
+from .statements import message_model
 
 if TYPE_CHECKING:
     from ..schedules.spec import ScheduleSpec
@@ -171,9 +172,8 @@ class ScheduleRunQuerySet(models.QuerySet["ScheduleRun"]):
         firers of one slot both held that lock while one waited for the
         other's run row, and the ``covered_until`` update needs it exclusively.
         """
-        from .messages import Message
-
         using = self.db
+        live_messages = message_model().objects.using(using)
 
         def run() -> Fired | None:
             message.pk, message._state.adding = None, True  # afresh on a retry after the database's weather
@@ -189,11 +189,11 @@ class ScheduleRunQuerySet(models.QuerySet["ScheduleRun"]):
                         .values_list("message_id", flat=True)
                         .first()
                     )
-                    if previous is not None and Message.objects.using(using).filter(pk=previous).exists():
+                    if previous is not None and live_messages.filter(pk=previous).exists():
                         live = previous
                 sent = None
                 if live is None:
-                    sent = Message.objects.using(using).insert(message, None)
+                    sent = live_messages.insert(message, None)
                 row = ScheduleRun(
                     schedule_id=name,
                     slot=slot,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from django.apps import apps
 from django.db import connections
 
 from ..db.capabilities import statement_bytes, writable_ctes
@@ -29,6 +30,11 @@ ARCHIVE_TABLE = "dbqueue_archive"
 
 # What a producer says of a message: the first columns of both lists below.
 ENQUEUED = ("queue", "kind", "key", "group_key", "payload", "headers", "priority")
+
+
+def message_model() -> type[Message]:
+    """The live model, from the app registry: the modules below `messages` reach it here, never by importing it."""
+    return apps.get_model("django_dbqueue", "Message")
 
 
 def attribute(column: str) -> str:
@@ -380,8 +386,6 @@ def insert_messages(using: str, messages: list[Message], batch_size: int) -> Non
     made ``enqueue_many`` several times slower than the INSERT itself. The
     values here are already validated, so they only need adapting.
     """
-    from .messages import Message
-
     connection = connections[using]
     qn = connection.ops.quote_name
     adapted: dict[Any, Any] = {}
@@ -400,7 +404,8 @@ def insert_messages(using: str, messages: list[Message], batch_size: int) -> Non
     if connection.features.max_query_params:
         per_statement = max(1, min(batch_size, connection.features.max_query_params // len(INSERTED)))
     head = f"INSERT INTO {qn(MESSAGE_TABLE)} ({', '.join(qn(c) for c in INSERTED)}) "
-    arrays = array_columns(using, [str(Message._meta.get_field(attribute(c)).db_type(connection)) for c in INSERTED])
+    model = message_model()
+    arrays = array_columns(using, [str(model._meta.get_field(attribute(c)).db_type(connection)) for c in INSERTED])
     every_row = [inserted_values(m, adapt) for m in messages]
     done = 0
     with connection.cursor() as cursor:
@@ -460,15 +465,14 @@ def distinct_leading(using: str, table: str, column: str) -> list[str]:
 
 def _message_reader(using: str) -> tuple[str, Any]:
     """The live table's columns as a SELECT list, and a function turning one row of them into a Message."""
-    from .messages import Message
-
     connection = connections[using]
     key = connection.alias
     cached = _READERS.get(key)
     if cached is not None:
         return cached
     qn = connection.ops.quote_name
-    fields = Message._meta.concrete_fields
+    model = message_model()
+    fields = model._meta.concrete_fields
     names = [f.attname for f in fields]
     columns = [f.get_col(MESSAGE_TABLE) for f in fields]
     converters = [
@@ -482,7 +486,7 @@ def _message_reader(using: str) -> tuple[str, Any]:
         for i, funcs, col in converters:
             for convert in funcs:
                 values[i] = convert(values[i], col, connection)
-        return Message.from_row(using, names, values)
+        return model.from_row(using, names, values)
 
     reader = (", ".join(f"{qn(MESSAGE_TABLE)}.{qn(str(f.column))}" for f in fields), build)
     _READERS[key] = reader

@@ -81,8 +81,7 @@ def message_outcomes(using: str, ids: list[int]) -> dict[int, str]:
     if not ids:
         return {}
     live = Message.objects.using(using).filter(pk__in=ids).with_state()
-    # with_state() annotates current_state; django-stubs sees annotations made in the chain only.
-    found = dict(live.values_list("pk", "current_state"))  # type: ignore[misc]
+    found = dict(live.values_list("pk", "current_state"))
     archived = ArchivedMessage.objects.using(using).filter(message_id__in=[pk for pk in ids if pk not in found])
     for message_id, outcome in archived.order_by("id").values_list("message_id", "outcome"):
         found[message_id] = outcome  # the newest row wins

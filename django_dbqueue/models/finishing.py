@@ -1,0 +1,244 @@
+"""Finishing: a message leaves the live table for the archive, in the transaction that says how it ended.
+
+One message (`Finishing.finish`, guarded by its lease, its token, its id or
+its idleness), a batch of acknowledgements (`ack_many`), or the reaper's
+expired messages. A try whose reply was lost is answered from the archive
+(`landed`). The model is reached through ``self``: this module sits below
+`messages` and never imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import Q
+
+from .. import signals, validation
+from ..conf import queue_options
+from ..db.clock import DbNow
+from ..db.errors import with_retries
+from ..db.transactions import short_transaction, write_transaction
+from . import events, landed
+from .archive import ArchivedMessage, Outcome
+from .leasing import Leasing
+from .statements import (
+    ack_in_one_statement,
+    ack_leased,
+    ack_unlocked,
+    archive_copies,
+    delete_locked,
+    finish_is_one_statement,
+    finish_leased,
+    lock_leased,
+)
+from .states import MessageState, held_token, state_filters
+
+if TYPE_CHECKING:
+    from .messages import Message
+
+
+class Finishing(Leasing):
+    """Deleting live messages and archiving them, atomically, under the guard each caller needs."""
+
+    # --- finishing ---------------------------------------------------------------
+
+    def finish(
+        self, message: Message, outcome: str, match: str = "lease", **row: Any
+    ) -> tuple[bool, ArchivedMessage | None]:
+        """Delete ``message`` and archive it as ``outcome``, atomically.
+
+        ``match`` picks the row to delete: ``"lease"`` only while the caller's
+        lease holds, ``"token"`` while the lease token read earlier is still
+        there (even run out: the reaper), ``"id"`` whoever holds it, ``"idle"``
+        only while nobody runs it (operators).
+        Returns whether it was there to delete, and the archive row written
+        (None when archiving is off for an acked message).
+        """
+        using = message._state.db or "default"
+        if match == "lease" and not events.listened(events.signal_of(outcome)):
+            return self._finish_quietly(message, outcome, row), None
+        guard = {
+            "lease": lambda: self.using(using).leased(message),
+            "token": lambda: self.using(using).filter(pk=message.pk, lease_token=message.lease_token),
+            "id": lambda: self.using(using).filter(pk=message.pk),
+            "idle": lambda: self.using(using).filter(pk=message.pk).exclude(state_filters()[MessageState.IN_FLIGHT]),
+        }[match]()
+        archived: list[ArchivedMessage] = []
+
+        def change() -> bool:
+            archived.clear()
+            with write_transaction(using):
+                # _raw_delete: one DELETE, no collector SELECT (nothing cascades from messages).
+                if guard._raw_delete(using) != 1:
+                    return False
+                if outcome != Outcome.ACKED or queue_options(message.queue).archive:
+                    archived.append(ArchivedMessage.from_live(message, outcome, **row))
+                    archived[0].save(using=using, force_insert=True)
+                return True
+
+        def found() -> bool | None:
+            # Message ids are never reused: this id, claim time, outcome and finisher are this call's row.
+            if not self.using(using)._finished(message, outcome, row.get("worker")):
+                return None
+            stored = landed.finished_row(using, message, outcome, row.get("worker"))
+            archived[:] = [stored] if stored is not None else []
+            return True
+
+        def run() -> bool:
+            return landed.guarded(using, message, change, found, False)
+
+        done = with_retries(using, run, what=f"{outcome} message {message.pk}")
+        return done, (archived[0] if archived and done else None)
+
+    def _finished(self, message: Message, outcome: str, worker: str | None) -> bool:
+        """Whether ``message``'s lease finished it as ``outcome`` (`landed`)."""
+        return message.pk in landed.finished(self.db, self, [message], outcome, worker)
+
+    def _finish_quietly(self, message: Message, outcome: str, row: Mapping[str, Any]) -> bool:
+        """`finish` under the lease with nobody listening: hand-written, no archive row object built.
+
+        The row written is the one `ArchivedMessage.from_live` makes.
+        """
+        using = message._state.db or "default"
+        held_token(message)
+        archived: dict[str, Any] | None = None
+        if outcome != Outcome.ACKED or queue_options(message.queue).archive:
+            kept, why = validation.storable_result(row.get("result"))
+            error = row.get("error")
+            error = message.last_error if error is None else error
+            if why is not None:
+                error = f"{error}\nresult not kept: {why}".strip()
+            archived = {
+                "finished_by": row.get("worker") or message.claimed_by,
+                "last_error": validation.storable_text(error),
+                "result": kept,
+            }
+        one_statement = archived is None or finish_is_one_statement(using)
+        on = self.using(using)
+
+        def change() -> bool:
+            with contextlib.nullcontext() if one_statement else short_transaction(using):
+                return finish_leased(using, message, outcome, archived)
+
+        def found() -> bool | None:
+            return on._finished(message, outcome, row.get("worker")) or None
+
+        return with_retries(
+            using, lambda: landed.guarded(using, message, change, found, False), what=f"{outcome} message {message.pk}"
+        )
+
+    def ack_many(
+        self, messages: Iterable[Message], *, worker: str | None = None, results: Mapping[int, Any] | None = None
+    ) -> list[bool]:
+        """Acknowledge a batch, one transaction per database; per message, whether its lease held."""
+        messages = list(messages)
+        by_db: dict[str, list[Message]] = defaultdict(list)
+        for message in messages:
+            by_db[message._state.db or "default"].append(message)
+        owned: set[int] = set()
+        for using, group in by_db.items():
+            acked = self.using(using).ack_batch(group, worker or "", results or {})
+            owned |= acked
+            if acked and events.listened(signals.message_acked):
+                # The rows were copied inside the database: read them back, only for listeners.
+                stored = ArchivedMessage.objects.using(using).filter(message_id__in=acked, outcome=Outcome.ACKED)
+                rows_by_id = {row.message_id: row for row in stored.order_by("id")}
+                for m in group:
+                    if m.pk in acked:
+                        row = {"result": (results or {}).get(m.pk), "worker": worker}
+                        events.finished(m, Outcome.ACKED, rows_by_id.get(m.pk), row)
+        return [message.pk in owned for message in messages]
+
+    def ack_batch(self, messages: list[Message], worker: str, results: Mapping[int, Any]) -> set[int]:
+        """Acknowledge messages of one database in one transaction; returns the ids whose lease held."""
+        using = self.db
+        tokens: dict[str, list[int]] = defaultdict(list)
+        for message in messages:
+            tokens[held_token(message)].append(message.pk)  # refuses a message never claimed
+        kept: dict[int, Any] = {}
+        notes: dict[int, str] = {}
+        for message in messages:
+            value, why = validation.storable_result(results.get(message.pk))
+            if why is not None:
+                notes[message.pk] = validation.storable_text(f"{message.last_error}\nresult not kept: {why}".strip())
+            elif value is not None:
+                kept[message.pk] = value
+        # The archive rows are copied from the live ones: first write what handlers
+        # reported since the last heartbeat (nothing, for handlers that do not report).
+        for message in messages:
+            unreported = message.unreported()
+            if unreported is not None:
+                count, values = unreported
+                pk, token = message.pk, held_token(message)
+                with_retries(using, lambda: self.write_report(pk, token, values), what="progress of a batch")  # noqa: B023
+                message.reported(count)
+
+        archived = [m.pk for m in messages if queue_options(m.queue).archive]
+
+        def answered(write: Callable[[], set[int]]) -> set[int]:
+            # A try whose reply was lost may have acked them: what the database holds answers (.landed).
+            with landed.watching(using, messages):
+                owned = write()
+                missed = [m for m in messages if m.pk not in owned and landed.unsure(m)]
+                if missed:
+                    owned = owned | landed.finished(using, self, missed, Outcome.ACKED, worker)
+            landed.settled(messages)
+            return owned
+
+        if ack_in_one_statement(using):
+            return with_retries(
+                using,
+                lambda: answered(lambda: ack_leased(using, tokens, archived, worker, kept, notes)),
+                what="ack_many",
+            )
+
+        everyone = {m.pk for m in messages}
+
+        def write() -> set[int]:
+            # Every lease holds, almost always: acknowledge without locking first; else roll back and lock.
+            try:
+                with short_transaction(using):
+                    if ack_unlocked(using, tokens, archived, worker, kept, notes):
+                        return everyone
+                    raise _LeaseMoved
+            except _LeaseMoved:
+                pass
+            with short_transaction(using):
+                owned = lock_leased(using, tokens)
+                if not owned:
+                    return owned
+                archive_copies(using, [pk for pk in archived if pk in owned], Outcome.ACKED, worker, kept, notes)
+                delete_locked(using, owned)
+            return owned
+
+        return with_retries(using, lambda: answered(write), what="ack_many")
+
+    def expire_batch(self, limit: int) -> tuple[list[Message], list[ArchivedMessage]]:
+        """Archive, as expired, up to ``limit`` messages past ``expires_at`` that nobody holds."""
+        using = self.db
+
+        def run() -> tuple[list[Message], list[ArchivedMessage]]:
+            with write_transaction(using):
+                rows = list(
+                    self.select_for_update(skip_locked=True)
+                    .filter(expires_at__lte=DbNow())
+                    .filter(Q(lease_token__isnull=True) | Q(available_at__lte=DbNow()))
+                    .order_by("expires_at")[:limit]
+                )
+                if not rows:
+                    return [], []
+                self.filter(pk__in=[m.pk for m in rows])._raw_delete(using)
+                archived = [
+                    ArchivedMessage.from_live(m, Outcome.EXPIRED, worker="reaper", error=m.last_error) for m in rows
+                ]
+                ArchivedMessage.objects.using(using).bulk_create(archived)
+                return rows, archived
+
+        return with_retries(using, run, what="expiry")
+
+
+class _LeaseMoved(Exception):
+    """A batch's unlocked acknowledgement found a lease that no longer held: rolls it back."""
