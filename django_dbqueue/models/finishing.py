@@ -43,8 +43,6 @@ if TYPE_CHECKING:
 class Finishing(Leasing):
     """Deleting live messages and archiving them, atomically, under the guard each caller needs."""
 
-    # --- finishing ---------------------------------------------------------------
-
     def finish(
         self, message: Message, outcome: str, match: str = "lease", **row: Any
     ) -> tuple[bool, ArchivedMessage | None]:

@@ -2,9 +2,11 @@
 
 A finished message leaves this table for the archive in the same
 transaction as its acknowledgement, so the table's size is the backlog.
-Each rule of the lifecycle (docs/design.md) is written once, here: what a
-state is, what a lease guard matches, when attempts are used up, how a
-lease is given back, how a message moves to the archive.
+Each rule of the lifecycle (docs/design.md) is written once, in the module
+of its role, which `MessageQuerySet` is composed of: the states and the
+lease guard (`states`), inserting (`inserting`), changes under a lease
+(`leasing`), moving to the archive (`finishing`); the claim is here. Those
+modules sit below this one and never import it.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class MessageQuerySet(Finishing):
             return flow.any_eligible(self.db, queue, options)
         return self.filter(queue=queue).claimable(options.max_attempts).exists()
 
-    # --- consuming -------------------------------------------------------------
+    # --- claiming --------------------------------------------------------------
 
     def claim(
         self,
