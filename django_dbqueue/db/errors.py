@@ -41,6 +41,11 @@ POSTGRES_TRANSIENT_SQLSTATES = {"40001", "40P01", "57P01", "57P02", "57P03", "08
 DATABASE_TROUBLE = (DatabaseError, InterfaceError)
 
 
+def mysql_code(cause: BaseException) -> int | None:
+    """The MySQL/MariaDB error number a driver error carries (its first argument), if any."""
+    return cause.args[0] if cause.args and isinstance(cause.args[0], int) else None
+
+
 def is_transient(exc: BaseException, using: str) -> bool:
     """Whether an error is weather that can pass (deadlock, lock wait, lost connection, server restarting).
 
@@ -55,8 +60,7 @@ def is_transient(exc: BaseException, using: str) -> bool:
     kind = connections[using].vendor
     cause = exc.__cause__ or exc
     if kind == "mysql":
-        code = cause.args[0] if cause.args and isinstance(cause.args[0], int) else None
-        return code in MYSQL_TRANSIENT_CODES
+        return mysql_code(cause) in MYSQL_TRANSIENT_CODES
     if kind == "postgresql":
         sqlstate = getattr(cause, "sqlstate", None)
         if sqlstate in POSTGRES_TRANSIENT_SQLSTATES:
@@ -88,8 +92,7 @@ def outcome_unknown(exc: BaseException, using: str) -> bool:
     kind = connections[using].vendor
     cause = exc.__cause__ or exc
     if kind == "mysql":
-        code = cause.args[0] if cause.args and isinstance(cause.args[0], int) else None
-        return code not in MYSQL_ANSWERED_CODES
+        return mysql_code(cause) not in MYSQL_ANSWERED_CODES
     if kind == "postgresql":
         return getattr(cause, "sqlstate", None) not in POSTGRES_ANSWERED_SQLSTATES
     return False
