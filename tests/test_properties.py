@@ -68,12 +68,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 #: ack_many() answers by message id: a stale handle of a message batched with the live one is told True
 #: (api.md: each answer says whether that message's lease held).
 KNOWN_FAILURE_ACK_MANY_ANSWERS_BY_ID = True
-#: On a queue with KIND_GROUP_CONCURRENCY, while a kind is held back, a claim on SQLite and PostgreSQL
-#: can take a later message before the first eligible one (claim order: priority, available_at, id).
-KNOWN_FAILURE_CLAIM_ORDER_WITH_KIND_LIMITS = True
-#: A claim returns nothing while a message of another group is eligible, behind a held-back backlog
-#: (issue "A claim that nothing can block").
-KNOWN_FAILURE_CLAIM_BLOCKED_BY_BACKLOG = False
 
 TICK = 30  # seconds: every time below is a multiple of it
 LEASE = 2 * TICK  # the pp-* queues' VISIBILITY_TIMEOUT
@@ -459,16 +453,15 @@ class QueueMachine(RuleBasedStateMachine):
         picks, allowed = w.eligible(queue, limit)
         claimed = django_dbqueue.claim(queue, limit)
         got = [m.pk for m in claimed]
-        blocked = not claimed and picks
-        if not (blocked and KNOWN_FAILURE_CLAIM_BLOCKED_BY_BACKLOG):
-            assert not blocked, f"claim({queue!r}, {limit}) returned nothing while {[m.id for m in picks]} are eligible"
-            # The first eligible message, or one level with it: on SQLite two writes in one millisecond
-            # get the same time, and then the lower id comes first whichever was written first.
-            level = [m.id for m in picks if m.claim_order()[:2] == picks[0].claim_order()[:2]] if picks else []
-            unordered = KNOWN_FAILURE_CLAIM_ORDER_WITH_KIND_LIMITS and Rules.of(queue).kind_limits
-            assert not picks or unordered or set(level) & set(got), (
-                f"claim({queue!r}, {limit}) took {got}, not the first eligible message {picks[0].id}"
-            )
+        assert claimed or not picks, (
+            f"claim({queue!r}, {limit}) returned nothing while {[m.id for m in picks]} are eligible"
+        )
+        # The first eligible message, or one level with it: on SQLite two writes in one millisecond
+        # get the same time, and then the lower id comes first whichever was written first.
+        level = [m.id for m in picks if m.claim_order()[:2] == picks[0].claim_order()[:2]] if picks else []
+        assert not picks or set(level) & set(got), (
+            f"claim({queue!r}, {limit}) took {got}, not the first eligible message {picks[0].id}"
+        )
         assert len(got) <= limit and len(set(got)) == len(got)
         assert set(got) <= allowed, f"claim({queue!r}, {limit}) took {got}; only {sorted(allowed)} are eligible"
         step = self.tick()
