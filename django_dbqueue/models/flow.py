@@ -37,7 +37,7 @@ from ..db.sql import insert_ignoring, use_index
 from ..db.transactions import write_transaction
 from ..exceptions import InvalidOption
 from .fields import NameField
-from .statements import MESSAGE_TABLE, _claimable_where, _message_reader, _statement, lease_rows
+from .statements import MESSAGE_TABLE, _claimable_where, _message_reader, _statement, lease_rows, message_model
 
 if TYPE_CHECKING:
     from .messages import Message
@@ -380,9 +380,7 @@ def heads_only(using: str, queue: str, rows: list[Any], group_of: dict[int, str 
 @functools.cache
 def _field_index(name: str) -> int:
     """Where field ``name`` is in a claim's row (the live table's columns in model order)."""
-    from .messages import Message
-
-    return [f.attname for f in Message._meta.concrete_fields].index(name)
+    return [f.attname for f in message_model()._meta.concrete_fields].index(name)
 
 
 def _group(row: Any) -> str | None:
@@ -637,10 +635,8 @@ def _ids(found: dict[str, list[int]]) -> list[int]:
 
 def prune(using: str, batch_size: int) -> int:
     """Delete passed unique windows, groups without live messages, and rate slots long idle; rows deleted."""
-    from .messages import Message
-
     now = DbNow()
-    live = Message.objects.using(using).filter(queue=models.OuterRef("queue"), group=models.OuterRef("name"))
+    live = message_model().objects.using(using).filter(queue=models.OuterRef("queue"), group=models.OuterRef("name"))
     # A group row is only a handle to lock: deleting one that just got a message again is harmless (the next
     # claim or producer inserts it again), so its lock and delete need not repeat the sub-select.
     return (
@@ -675,10 +671,9 @@ def _delete_unlocked(rows: models.QuerySet[Any], batch_size: int, *, recheck: bo
 
 def busiest_groups(using: str, queue: str, top: int = 10) -> list[tuple[str, int]]:
     """The groups of ``queue`` with the most messages in flight, most first (the overview's list)."""
-    from .messages import Message
-
     rows = (
-        Message.objects.using(using)
+        message_model()
+        .objects.using(using)
         .filter(queue=queue, group__isnull=False)
         .in_flight()
         .values_list("group")

@@ -5,17 +5,13 @@ transaction as its acknowledgement, so the table's size is the backlog.
 Each rule of the lifecycle (docs/design.md) is written once, in the module
 of its role, which `MessageQuerySet` is composed of: the states and the
 lease guard (`states`), inserting (`inserting`), changes under a lease
-(`leasing`), moving to the archive (`finishing`); the claim is here. Those
-modules sit below this one and never import it.
+(`leasing`), moving to the archive (`finishing`), the claim (`claiming`).
+Those modules sit below this one and never import it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import socket
-import uuid
 import warnings
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -25,18 +21,13 @@ from django.db import models
 from django.db.models.base import ModelState
 
 from .. import validation
-from ..conf import database_for, queue_options
-from ..db.clock import DbNow
-from ..db.errors import DATABASE_TROUBLE, outcome_unknown, with_retries
-from ..db.transactions import short_transaction, write_transaction
-from ..exceptions import InvalidOption
-from . import events, flow
+from ..conf import queue_options
+from .claiming import Claimed, Claiming, default_worker_name
 from .consuming import ConsumerActions
 from .fields import NameField
-from .finishing import Finishing
 from .inserting import ENQUEUE_OPTIONS, build_message, message_headers
 from .reporting import HandlerReports
-from .statements import MESSAGE_TABLE, claim_is_one_statement, claim_rows
+from .statements import MESSAGE_TABLE
 from .states import MessageState, StateAnnotations, exhausted, held_token, lease_held, state_filters
 
 # Defined by the modules the queryset is made of, and imported from here by the package.
@@ -58,116 +49,8 @@ __all__ = [
 ]
 
 
-def default_worker_name() -> str:
-    """How a claim names its worker when the caller does not: host and process."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-class Claimed(list["Message"]):
-    """What a claim leased, in claim order.
-
-    ``retry_in``: when a rate limit held messages back, the seconds until it lets more through.
-    """
-
-    retry_in: float | None = None
-
-
-class MessageQuerySet(Finishing):
+class MessageQuerySet(Claiming):
     """Querysets whose methods name the states of the lifecycle: reads, inserts, leases, finishes, and the claim."""
-
-    def any_claimable(self, queues: Iterable[str]) -> bool:
-        """Whether a claim on any of ``queues`` would find something now (``--until-empty``'s last look).
-
-        On a queue with group rules, a message they hold back does not count
-        (`flow.any_eligible`); one a rate holds back does.
-        """
-        return any(self._any_claimable(queue) for queue in queues)
-
-    def _any_claimable(self, queue: str) -> bool:
-        options = queue_options(queue)
-        if options.ordered or options.group_concurrency or options.kind_group_concurrency:
-            return flow.any_eligible(self.db, queue, options)
-        return self.filter(queue=queue).claimable(options.max_attempts).exists()
-
-    # --- claiming --------------------------------------------------------------
-
-    def claim(
-        self,
-        queues: str | Iterable[str],
-        limit: int = 1,
-        *,
-        visibility_timeout: float | timedelta | None = None,
-        worker: str | None = None,
-    ) -> list[Message]:
-        """Lease up to ``limit`` claimable messages of ``queues`` in one short transaction.
-
-        ``SELECT ... FOR UPDATE SKIP LOCKED`` walking the claim index, then one
-        UPDATE per lease length; retried on the database's weather. See
-        `django_dbqueue.claim`. The list is a `Claimed`: its
-        ``retry_in`` says when a rate limit that held messages back lets more through.
-        """
-        names = validation.validate_queues(queues if isinstance(queues, str) else list(queues))
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidOption(f"limit must be a positive integer, not {limit!r}")
-        timeout = (
-            None
-            if visibility_timeout is None
-            else validation.seconds(visibility_timeout, "visibility_timeout", allow_zero=False)
-        )
-        using = database_for(names, self.db if self.chosen_db() else None)
-        worker = worker or default_worker_name()
-        manager = self.using(using)
-        token = uuid.uuid4().hex
-        unsure: list[BaseException] = []
-
-        def run() -> Claimed:
-            if unsure:  # the last try lost its connection: did its claim commit?
-                leased = manager.claimed_under(token)
-                if leased:
-                    return leased
-            try:
-                return manager._claim(names, limit, timeout, worker, token)
-            except DATABASE_TROUBLE as exc:
-                if outcome_unknown(exc, using):
-                    unsure.append(exc)
-                raise
-
-        claimed = with_retries(using, run, what="claim")
-        events.claimed(claimed, using, worker)
-        return claimed
-
-    def claimed_under(self, token: str) -> Claimed:
-        """The messages a claim leased under ``token`` whose lease still holds, in the claim index's order.
-
-        A claim whose COMMIT succeeded but whose reply was lost leased them:
-        its retry answers with them instead of leasing others.
-        """
-        rows = self.filter(lease_token=token, available_at__gt=DbNow()).order_by("priority", "first_available_at", "id")
-        return Claimed(rows)
-
-    def _claim(self, queues: list[str], limit: int, timeout: float | None, worker: str, token: str) -> Claimed:
-        """One transaction (on PostgreSQL one statement per queue): see `statements.claim_rows`."""
-        claimed = Claimed()
-        controlled = any(queue_options(name).flow_controlled for name in queues)
-        # One statement is a transaction of its own; several are wrapped in one.
-        alone = len(queues) == 1 and claim_is_one_statement(self.db) and not controlled
-        # Rate slots go through the ORM, which needs Django's own transaction.
-        begin = write_transaction if any(queue_options(name).rate_limit for name in queues) else short_transaction
-        with contextlib.nullcontext() if alone else begin(self.db):
-            for name in queues:
-                wanted = limit - len(claimed)
-                if wanted <= 0:
-                    break
-                options = queue_options(name)
-                seconds = timeout or options.visibility_timeout
-                if not options.flow_controlled:
-                    claimed += claim_rows(self.db, name, wanted, options.max_attempts, seconds, token, worker)
-                    continue
-                taken, retry_in = flow.claim_controlled(self.db, name, wanted, options, seconds, token, worker)
-                claimed += taken
-                if retry_in is not None:
-                    claimed.retry_in = retry_in if claimed.retry_in is None else min(claimed.retry_in, retry_in)
-        return claimed
 
 
 # A message with every field at its default, per model class, that Message.unsaved() copies.

@@ -1,0 +1,143 @@
+"""The claim: leasing up to N claimable messages of some queues in one short transaction.
+
+The plain claim walks the claim index (`statements.claim_rows`); a queue
+under flow rules goes through the flow plan (`flow.claim_controlled`). A
+claim whose reply was lost is answered by the leases it left. The model is
+reached through ``self``: this module sits below `messages` and never
+imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import uuid
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from .. import validation
+from ..conf import database_for, queue_options
+from ..db.clock import DbNow
+from ..db.errors import DATABASE_TROUBLE, outcome_unknown, with_retries
+from ..db.transactions import short_transaction, write_transaction
+from ..exceptions import InvalidOption
+from . import events, flow
+from .finishing import Finishing
+from .statements import claim_is_one_statement, claim_rows
+
+if TYPE_CHECKING:
+    from .messages import Message
+
+
+def default_worker_name() -> str:
+    """How a claim names its worker when the caller does not: host and process."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Claimed(list["Message"]):
+    """What a claim leased, in claim order.
+
+    ``retry_in``: when a rate limit held messages back, the seconds until it lets more through.
+    """
+
+    retry_in: float | None = None
+
+
+class Claiming(Finishing):
+    """The claim, on top of the reads, inserts, leases and finishes it composes with."""
+
+    def any_claimable(self, queues: Iterable[str]) -> bool:
+        """Whether a claim on any of ``queues`` would find something now (``--until-empty``'s last look).
+
+        On a queue with group rules, a message they hold back does not count
+        (`flow.any_eligible`); one a rate holds back does.
+        """
+        return any(self._any_claimable(queue) for queue in queues)
+
+    def _any_claimable(self, queue: str) -> bool:
+        options = queue_options(queue)
+        if options.ordered or options.group_concurrency or options.kind_group_concurrency:
+            return flow.any_eligible(self.db, queue, options)
+        return self.filter(queue=queue).claimable(options.max_attempts).exists()
+
+    # --- claiming --------------------------------------------------------------
+
+    def claim(
+        self,
+        queues: str | Iterable[str],
+        limit: int = 1,
+        *,
+        visibility_timeout: float | timedelta | None = None,
+        worker: str | None = None,
+    ) -> list[Message]:
+        """Lease up to ``limit`` claimable messages of ``queues`` in one short transaction.
+
+        ``SELECT ... FOR UPDATE SKIP LOCKED`` walking the claim index, then one
+        UPDATE per lease length; retried on the database's weather. See
+        `django_dbqueue.claim`. The list is a `Claimed`: its
+        ``retry_in`` says when a rate limit that held messages back lets more through.
+        """
+        names = validation.validate_queues(queues if isinstance(queues, str) else list(queues))
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidOption(f"limit must be a positive integer, not {limit!r}")
+        timeout = (
+            None
+            if visibility_timeout is None
+            else validation.seconds(visibility_timeout, "visibility_timeout", allow_zero=False)
+        )
+        using = database_for(names, self.db if self.chosen_db() else None)
+        worker = worker or default_worker_name()
+        manager = self.using(using)
+        token = uuid.uuid4().hex
+        unsure: list[BaseException] = []
+
+        def run() -> Claimed:
+            if unsure:  # the last try lost its connection: did its claim commit?
+                leased = manager.claimed_under(token)
+                if leased:
+                    return leased
+            try:
+                return manager._claim(names, limit, timeout, worker, token)
+            except DATABASE_TROUBLE as exc:
+                if outcome_unknown(exc, using):
+                    unsure.append(exc)
+                raise
+
+        claimed = with_retries(using, run, what="claim")
+        events.claimed(claimed, using, worker)
+        return claimed
+
+    def claimed_under(self, token: str) -> Claimed:
+        """The messages a claim leased under ``token`` whose lease still holds, in the claim index's order.
+
+        A claim whose COMMIT succeeded but whose reply was lost leased them:
+        its retry answers with them instead of leasing others.
+        """
+        rows = self.filter(lease_token=token, available_at__gt=DbNow()).order_by("priority", "first_available_at", "id")
+        return Claimed(rows)
+
+    def _claim(self, queues: list[str], limit: int, timeout: float | None, worker: str, token: str) -> Claimed:
+        """One transaction (on PostgreSQL one statement per queue): see `statements.claim_rows`."""
+        claimed = Claimed()
+        controlled = any(queue_options(name).flow_controlled for name in queues)
+        # One statement is a transaction of its own; several are wrapped in one.
+        alone = len(queues) == 1 and claim_is_one_statement(self.db) and not controlled
+        # Rate slots go through the ORM, which needs Django's own transaction.
+        begin = write_transaction if any(queue_options(name).rate_limit for name in queues) else short_transaction
+        with contextlib.nullcontext() if alone else begin(self.db):
+            for name in queues:
+                wanted = limit - len(claimed)
+                if wanted <= 0:
+                    break
+                options = queue_options(name)
+                seconds = timeout or options.visibility_timeout
+                if not options.flow_controlled:
+                    claimed += claim_rows(self.db, name, wanted, options.max_attempts, seconds, token, worker)
+                    continue
+                taken, retry_in = flow.claim_controlled(self.db, name, wanted, options, seconds, token, worker)
+                claimed += taken
+                if retry_in is not None:
+                    claimed.retry_in = retry_in if claimed.retry_in is None else min(claimed.retry_in, retry_in)
+        return claimed
