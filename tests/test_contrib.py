@@ -24,7 +24,7 @@ def test_the_old_analytics_module_forwards_with_a_warning():
 def test_a_moved_command_runs_from_the_core_and_warns_without_its_app(command, capsys):
     # Arguments the command itself refuses: proof that the real command ran behind the warning
     # (queueanalytics first asks for PySpark, which the environments without the spark extra lack).
-    refused = "must be before --until|pyspark is not installed"
+    refused = "must be before --until|PySpark is not installed"
     backwards = ["--since", "2030-01-01", "--until", "2020-01-01"]
     args = [*backwards, "--out", "unused"] if command == "exportarchive" else backwards
     without = [app for app in settings.INSTALLED_APPS if app != "django_dbqueue.contrib.spark"]
