@@ -5,6 +5,7 @@ import pytest
 from django.utils import timezone
 
 import django_dbqueue
+from django_dbqueue.db.clock import DbNow
 from django_dbqueue.exceptions import NotClaimed
 from django_dbqueue.models import ArchivedMessage, Message, Outcome
 from tests.support.factories import MessageFactory
@@ -99,6 +100,22 @@ def test_ack_many_reports_each_lease():
     assert Message.objects.ack_many(messages) == [True, True, False, True]
     assert list(Message.objects.values_list("pk", flat=True)) == [stolen.pk]
     assert ArchivedMessage.objects.acked().count() == 3
+
+
+@pytest.mark.parametrize("stale_first", [True, False])
+def test_ack_many_answers_each_handle_of_one_message_by_its_own_lease(stale_first):
+    """A stale handle batched with the live one of the same message is told False, whichever comes first."""
+    django_dbqueue.enqueue("q", {"job": 1})
+    [stale] = Message.objects.claim("q")
+    Message.objects.filter(pk=stale.pk).update(available_at=DbNow())  # its lease ran out
+    [live] = Message.objects.claim("q")
+    assert live.pk == stale.pk and live.lease_token != stale.lease_token
+    django_dbqueue.enqueue("q", {"job": 2})
+    [second] = Message.objects.claim("q")
+    batch = [stale, live, second] if stale_first else [live, stale, second]
+    assert Message.objects.ack_many(batch) == ([False, True, True] if stale_first else [True, False, True])
+    assert not Message.objects.exists()
+    assert ArchivedMessage.objects.acked().filter(message_id=stale.pk).count() == 1
 
 
 def test_lease_expiry_redelivers_and_the_late_ack_changes_nothing():

@@ -63,12 +63,6 @@ from django_dbqueue.reaper import Reaper
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# Rules that fail today because of a bug another change is fixing. Each switch keeps the
-# machine from generating the failing case until its fix lands; then set it False (or remove it).
-#: ack_many() answers by message id: a stale handle of a message batched with the live one is told True
-#: (api.md: each answer says whether that message's lease held).
-KNOWN_FAILURE_ACK_MANY_ANSWERS_BY_ID = True
-
 TICK = 30  # seconds: every time below is a multiple of it
 LEASE = 2 * TICK  # the pp-* queues' VISIBILITY_TIMEOUT
 QUEUES = ["pp-plain", "pp-groups", "pp-fifo", "pp-rate", "pp-rate-group", "pp-groups-rate", "pp-fifo-rate"]
@@ -551,8 +545,6 @@ class QueueMachine(RuleBasedStateMachine):
     def ack_many(self, indices):
         """A batch acknowledgement: each message's answer is whether its own lease held."""
         batch = {id(h): h for h in (self.handles[i % len(self.handles)] for i in indices) if h.lease_token}
-        if KNOWN_FAILURE_ACK_MANY_ANSWERS_BY_ID:
-            batch = {h.pk: h for h in batch.values()}  # one handle per message
         handles = list(batch.values())
         if not handles:
             return

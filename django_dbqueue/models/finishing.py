@@ -133,22 +133,25 @@ class Finishing(Leasing):
     ) -> list[bool]:
         """Acknowledge a batch, one transaction per database; per message, whether its lease held."""
         messages = list(messages)
-        by_db: dict[str, list[Message]] = defaultdict(list)
-        for message in messages:
-            by_db[message._state.db or "default"].append(message)
-        owned: set[int] = set()
-        for using, group in by_db.items():
-            acked = self.using(using).ack_batch(group, worker or "", results or {})
-            owned |= acked
-            if acked and events.listened(signals.message_acked):
-                # The rows were copied inside the database: read them back, only for listeners.
-                stored = ArchivedMessage.objects.using(using).filter(message_id__in=acked, outcome=Outcome.ACKED)
-                rows_by_id = {row.message_id: row for row in stored.order_by("id")}
-                for m in group:
-                    if m.pk in acked:
-                        row = {"result": (results or {}).get(m.pk), "worker": worker}
-                        events.finished(m, Outcome.ACKED, rows_by_id.get(m.pk), row)
-        return [message.pk in owned for message in messages]
+        answers = [False] * len(messages)
+        for batch in _distinct_rounds(messages):
+            by_db: dict[str, list[tuple[int, Message]]] = defaultdict(list)
+            for index, message in batch:
+                by_db[message._state.db or "default"].append((index, message))
+            for using, entries in by_db.items():
+                group = [m for _, m in entries]
+                acked = self.using(using).ack_batch(group, worker or "", results or {})
+                for index, message in entries:
+                    answers[index] = message.pk in acked
+                if acked and events.listened(signals.message_acked):
+                    # The rows were copied inside the database: read them back, only for listeners.
+                    stored = ArchivedMessage.objects.using(using).filter(message_id__in=acked, outcome=Outcome.ACKED)
+                    rows_by_id = {row.message_id: row for row in stored.order_by("id")}
+                    for m in group:
+                        if m.pk in acked:
+                            row = {"result": (results or {}).get(m.pk), "worker": worker}
+                            events.finished(m, Outcome.ACKED, rows_by_id.get(m.pk), row)
+        return answers
 
     def ack_batch(self, messages: list[Message], worker: str, results: Mapping[int, Any]) -> set[int]:
         """Acknowledge messages of one database in one transaction; returns the ids whose lease held."""
@@ -236,6 +239,26 @@ class Finishing(Leasing):
                 return rows, archived
 
         return with_retries(using, run, what="expiry")
+
+
+def _distinct_rounds(messages: list[Message]) -> list[list[tuple[int, Message]]]:
+    """The batch (with each message's place in it) in rounds that hold each message id once.
+
+    A batch acknowledged together is answered by id, so two handles of one
+    message (a stale claim's and the live one's) go in separate rounds: each
+    is answered by its own lease, and at most one of them holds. Almost
+    always there is one round.
+    """
+    rounds: list[list[tuple[int, Message]]] = []
+    seen: list[set[int]] = []
+    for index, message in enumerate(messages):
+        slot = next((n for n, ids in enumerate(seen) if message.pk not in ids), len(rounds))
+        if slot == len(rounds):
+            rounds.append([])
+            seen.append(set())
+        rounds[slot].append((index, message))
+        seen[slot].add(message.pk)
+    return rounds
 
 
 class _LeaseMoved(Exception):
