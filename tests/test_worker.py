@@ -383,7 +383,12 @@ def test_poison_message_is_dead_lettered_while_others_flow(tmp_path):
     assert row.outcome == Outcome.DEAD and row.attempts == 2
     assert "the worker died running it" in row.last_error
     done = [pk for event, pk, _ in read_marks(marks) if event == "done"]
-    assert sorted(done) == sorted(good)  # each good message exactly once
+    # Each good message ran, and was acked once. With a 1-second lease (which the poison needs, to come
+    # back quickly), a busy machine can let a good message's lease run out before its ack: it then runs
+    # again, as at-least-once delivery allows, and the late ack changes nothing.
+    assert set(done) == set(good)
+    acked = ArchivedMessage.objects.filter(message_id__in=good).values_list("message_id", "outcome")
+    assert sorted(acked) == sorted((pk, Outcome.ACKED) for pk in good)
     assert [e for e, pk, _ in read_marks(marks) if pk == poison.pk] == ["start", "start"]
     assert runs >= 3
 
