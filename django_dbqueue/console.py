@@ -2,10 +2,10 @@
 
 Django's ``runserver`` prints its requests without any ``LOGGING`` set up;
 the queue's commands do the same here. `Console` adds a handler to
-the ``django_dbqueue`` logger for the command's run only, and only when no
-handler would receive its records otherwise (none on that logger or its
-ancestors): a project that configures logging keeps full control, and
-nothing is printed twice.
+the ``django_dbqueue`` logger for the command's run only, and only when the
+project set up no handler for its records (none on that logger, its
+ancestors or the loggers below it): a project that configures logging keeps
+full control, and nothing is printed twice.
 
 What it prints follows ``--verbosity``: ``0`` errors only; ``1`` (the
 default) the start-up banner, warnings and errors (a failed message, with
@@ -51,8 +51,20 @@ def fields_of(record: logging.LogRecord) -> dict[str, Any]:
 
 
 def configured(logger: logging.Logger | None = None) -> bool:
-    """Whether records of ``logger`` (``django_dbqueue``) reach a handler the project set up."""
-    return (logger or logging.getLogger(LOGGER)).hasHandlers()
+    """Whether the project set up a handler for records of ``logger`` (``django_dbqueue``).
+
+    One on the logger or an ancestor (the root), or on a logger below it
+    (``django_dbqueue.messages``): that one's records would otherwise be
+    printed twice, by the project's handler and, propagated, by the console.
+    """
+    logger = logger or logging.getLogger(LOGGER)
+    if logger.hasHandlers():
+        return True
+    below = f"{logger.name}."
+    loggers = list(logger.manager.loggerDict.items())  # a copy: another thread may add a logger meanwhile
+    return any(
+        name.startswith(below) and isinstance(child, logging.Logger) and child.handlers for name, child in loggers
+    )
 
 
 class ConsoleFilter(logging.Filter):

@@ -110,6 +110,16 @@ def test_the_projects_logging_keeps_control_and_nothing_is_printed_twice():
     assert err.count(" exits (OK: queues are empty)") == 1
 
 
+def test_a_handler_on_a_child_logger_is_the_projects_logging_and_nothing_is_printed_twice():
+    """A project that gives only ``django_dbqueue.messages`` a handler takes the records: the console stays out."""
+    _, failing, rejected = enqueue_one_of_each()
+    _, err = run_worker(DJANGO_SETTINGS_MODULE="tests.settings_console_child")
+    assert err.count(f"message {failing} w-outcomes failed") == 1, err
+    assert err.count(f"message {rejected} w-outcomes/refund dead") == 1, err
+    assert f"project: message {failing} w-outcomes failed" in err
+    assert not re.search(r"^\[\d\d:\d\d:\d\d\]", err, re.MULTILINE)  # not the console's format
+
+
 def test_json_logs_print_one_object_per_line():
     ok, failing, rejected = enqueue_one_of_each()
     _, err = run_worker("-v", "2", "--json-logs", **NO_LOGGING)
