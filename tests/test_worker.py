@@ -68,6 +68,15 @@ def test_until_empty_ignores_what_no_claim_would_take():
     assert time.monotonic() - started < 30 and Message.objects.count() == 1
 
 
+def test_the_worker_leaves_no_connection_open_after_its_summary():
+    """The summary counts what is left waiting before the worker closes its connections, not after."""
+    from django.db import connections
+
+    django_dbqueue.enqueue("w-ok", {}, delay=3600)  # left waiting: the summary reads the table
+    assert run(["w-ok"]) == ExitStatus.OK
+    assert [alias for alias in connections if connections[alias].connection is not None] == []
+
+
 def test_message_without_handler_is_dead_lettered_with_a_reason():
     message = django_dbqueue.enqueue("w-nobody", {}, kind="mystery")
     assert run(["w-nobody"]) == ExitStatus.OK

@@ -156,10 +156,11 @@ class QueueWorker:
         # Otherwise the worker still holds messages (handlers running past the grace, acks
         # never written): the row stays, its heartbeat goes silent, and the reaper gives
         # them back after WORKER_STALE_AFTER instead of a whole lease.
+        waiting = self.waiting() if self.config.until_empty else None  # read before the connections close
         connections.close_all()
         for signum, previous in self._previous_handlers.items():
             signal.signal(signum, previous)
-        self.log_summary(status, time.monotonic() - started)
+        self.log_summary(status, time.monotonic() - started, waiting)
         return status
 
     def handlers(self) -> dict[str, list[str]]:
@@ -211,16 +212,16 @@ class QueueWorker:
         }
         logger.info("%s", "\n".join(lines), extra=event("banner", **fields))
 
-    def log_summary(self, status: ExitStatus, elapsed: float) -> None:
+    def log_summary(self, status: ExitStatus, elapsed: float, waiting: int | None = None) -> None:
         """One line on exit: how it ended and what it did, and what still waits when it ran until empty.
 
         ``acked`` counts the messages acknowledged (or deferred by their handler); ``failed`` the
-        failed attempts not dead; ``processed`` all three together.
+        failed attempts not dead; ``processed`` all three together. ``waiting`` is `waiting()`, read
+        by the caller while its connection is still open (None: not read, or the database could not say).
         """
         counts, dead = self.ledger.counts(), self.ledger.dead()
         failed = counts.failed - dead
         why = f": {self.lifecycle.why}" if self.lifecycle.why else ""
-        waiting = self.waiting() if self.config.until_empty else None
         fields = {
             "worker": self.name,
             "status": status.name,
