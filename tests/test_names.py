@@ -271,6 +271,7 @@ def test_the_migration_makes_an_existing_install_compare_names_exactly():
         executor.loader.build_graph()
         executor.migrate(executor.loader.graph.leaf_nodes("django_dbqueue"))
     assert not any(_insensitive(table, column) for table, column in columns)
+    assert RECORD not in connection.introspection.table_names()  # no column had a collation of its own
     # The rows made before are all there, and found by their exact name.
     assert Message.objects.get(queue="acme", group="acme")
     assert ScheduleRun.objects.get(schedule_id="acme").schedule.name == "acme"
@@ -280,6 +281,84 @@ def test_the_migration_makes_an_existing_install_compare_names_exactly():
     with pytest.raises(IntegrityError), transaction.atomic():
         _group(name="acme")  # the unique key still holds, exactly
     _group(name="ACME")
+
+
+# Where migration 0011 writes down a column's collation of its own, for its reverse.
+RECORD = "dbqueue_collations_before_0011"
+
+
+def _collations():
+    """Every text column of the queue's tables: {(table, column): (character set, collation)}."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT table_name, column_name, character_set_name, collation_name FROM information_schema.columns "
+            "WHERE table_schema = DATABASE() AND table_name LIKE 'dbqueue%%' AND collation_name IS NOT NULL"
+        )
+        return {(table, column): (charset, collation) for table, column, charset, collation in cursor.fetchall()}
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="only MySQL/MariaDB compared names by a default collation")
+def test_the_migrations_reverse_gives_each_column_back_the_collation_it_had():
+    """Not the table's default: a column a DBA changed, a table whose default changed since, a utf8mb3 table,
+    and a primary key with the foreign key that refers to it (which must keep the same collation)."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    def migrate(target):
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        leaf = executor.loader.graph.leaf_nodes("django_dbqueue")
+        executor.migrate(leaf if target is None else [("django_dbqueue", target)])
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@collation_database")
+        (default,) = cursor.fetchone()
+    charset = default.split("_")[0]
+    other = next(name for name in (f"{charset}_general_ci", f"{charset}_unicode_ci") if name != default)
+    customised = [
+        "ALTER TABLE dbqueue_message MODIFY queue varchar(64) COLLATE {} NOT NULL",
+        "ALTER TABLE dbqueue_archive DEFAULT COLLATE {}",
+        "ALTER TABLE dbqueue_queue_state CONVERT TO CHARACTER SET {}",
+        "ALTER TABLE dbqueue_schedule MODIFY name varchar(100) COLLATE {} NOT NULL",
+        "ALTER TABLE dbqueue_schedule_run MODIFY schedule_id varchar(100) COLLATE {} NOT NULL",
+    ]
+    changed = [other, other, "utf8mb3 COLLATE utf8mb3_general_ci", other, other]
+    original = [default, default, f"{charset} COLLATE {default}", default, default]
+
+    def customise(values):
+        # The schedule's name and its runs' change together, with the foreign key between them set aside.
+        constraints = connection.introspection.get_constraints(connection.cursor(), "dbqueue_schedule_run")
+        (key,) = [name for name, c in constraints.items() if c["foreign_key"]]
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE dbqueue_schedule_run DROP FOREIGN KEY {key}")
+            for statement, value in zip(customised, values, strict=True):
+                cursor.execute(statement.format(value))
+            cursor.execute(
+                f"ALTER TABLE dbqueue_schedule_run ADD CONSTRAINT {key} FOREIGN KEY (schedule_id) "
+                "REFERENCES dbqueue_schedule (name)"
+            )
+
+    try:
+        migrate("0010_flow_control")
+        customise(changed)
+        before = _collations()
+        assert before[("dbqueue_message", "queue")] == (charset, other)
+        assert before[("dbqueue_archive", "key")] == (charset, default)  # the table's default is now another
+        assert before[("dbqueue_queue_state", "queue")] == ("utf8mb3", "utf8mb3_general_ci")
+        assert before[("dbqueue_schedule_run", "schedule_id")] == (charset, other)
+        _schedule_run("acme")
+        migrate(None)
+        assert _collations()[("dbqueue_message", "queue")][1].endswith("_bin")
+        assert RECORD in connection.introspection.table_names()  # the columns that had a collation of their own
+        migrate("0010_flow_control")
+        assert _collations() == before
+        assert RECORD not in connection.introspection.table_names()
+        assert ScheduleRun.objects.get(schedule_id="acme").schedule.name == "acme"
+        constraints = connection.introspection.get_constraints(connection.cursor(), "dbqueue_schedule_run")
+        assert [c["foreign_key"] for c in constraints.values() if c["foreign_key"]] == [("dbqueue_schedule", "name")]
+    finally:
+        migrate("0010_flow_control")
+        customise(original)
+        migrate(None)
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="character sets are MySQL/MariaDB's")
