@@ -51,6 +51,21 @@ class WorkerSummary:
     stale: bool
     processed: int
     failed: int
+    supervisor: str = ""  # a pool's child: its supervisor's name
+    pool: dict[str, Any] | None = None  # a pool's supervisor: its state (worker/supervisor.py, pool_state)
+    depth: int = 0  # 1 for a child listed under its supervisor
+
+    @property
+    def pool_text(self) -> str:
+        """A supervisor's pool in a few words: ``2 processes (target 2, 1 to 4), 1 restarted: grew to 2 ...``."""
+        pool = self.pool or {}
+        bounds = f", {pool['min']} to {pool['max']}" if pool.get("min") is not None else ""
+        counts = ", ".join(
+            f"{pool[key]} {key}" for key in ("restarted", "recycled", "grown", "shrunk") if pool.get(key)
+        )
+        text = f"{pool.get('processes', 0)} processes (target {pool.get('target', 0)}{bounds})"
+        text += f", {counts}" if counts else ""
+        return text + (f"; last decision: {pool['decision']}" if pool.get("decision") else "")
 
 
 @dataclass
@@ -149,7 +164,9 @@ def build_overview(using: str | None = None) -> Overview:
         queue(name).paused = True
 
     source = _per_hour(using, first_hour, hours, queue)
-    workers = [_worker(row, now, dbq.worker_stale_after) for row in Worker.objects.using(using).order_by("name")]
+    workers = as_tree(
+        [_worker(row, now, dbq.worker_stale_after) for row in Worker.objects.using(using).order_by("name")]
+    )
     running = [_running(row, now) for row in Message.objects.using(using).reporting()[:RUNNING_SHOWN]]
     controlled = [name for name in sorted(queues) if dbq.for_queue(name).flow_controlled]
     flows = [_flow(using, name) for name in controlled]
@@ -241,6 +258,22 @@ def _per_hour(using: str, first_hour: datetime, hours: list[datetime], queue: An
     return source
 
 
+def as_tree(workers: list[WorkerSummary]) -> list[WorkerSummary]:
+    """Each pool's supervisor followed by its children (``depth`` 1); a child whose supervisor's row is gone
+    stands alone."""
+    supervisors = {w.name for w in workers if w.pool is not None}
+    children: dict[str, list[WorkerSummary]] = {}
+    for w in workers:
+        if w.supervisor in supervisors:
+            w.depth = 1
+            children.setdefault(w.supervisor, []).append(w)
+    ordered = []
+    for w in workers:
+        if w.depth == 0:
+            ordered += [w, *children.get(w.name, [])]
+    return ordered
+
+
 def _worker(row: Worker, now: datetime, stale_after: float) -> WorkerSummary:
     silent_for = max(now - row.last_heartbeat_at, timedelta(0))
     return WorkerSummary(
@@ -255,6 +288,8 @@ def _worker(row: Worker, now: datetime, stale_after: float) -> WorkerSummary:
         stale=silent_for.total_seconds() > stale_after,
         processed=row.processed,
         failed=row.failed,
+        supervisor=row.supervisor,
+        pool=row.pool,
     )
 
 
@@ -321,8 +356,13 @@ def as_table(overview: Overview) -> str:
     lines += ["", f"Workers ({len(overview.workers)})"]
     for w in overview.workers:
         flag = "  STALE" if w.stale else ""
+        heartbeat = f"last heartbeat {format_age(w.silent_for)} ago"
+        if w.pool is not None:
+            lines.append(f"  {w.name}  pool of {w.pool_text}  queues {', '.join(w.queues)}  {heartbeat}{flag}")
+            continue
+        indent = "    " if w.depth else "  "
         lines.append(
-            f"  {w.name}  queues {', '.join(w.queues)}  last heartbeat {format_age(w.silent_for)} ago  "
+            f"{indent}{w.name}  queues {', '.join(w.queues)}  {heartbeat}  "
             f"processed {w.processed}, failed {w.failed}{flag}"
         )
     if overview.running:

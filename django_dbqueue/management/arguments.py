@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from argparse import ArgumentParser, ArgumentTypeError
 from datetime import UTC, datetime
@@ -41,6 +42,42 @@ def positive_float(text: str) -> float:
 
 def non_negative_float(text: str) -> float:
     return _seconds(text, zero=True)
+
+
+# The most children a pool may have: past it a value is a typo (and each child holds connections).
+MAX_PROCESSES = 1024
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity, as a container's cpuset limits it), at least one."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def processes(text: str) -> int:
+    """``--processes``: a count of child processes, or ``auto``, one per CPU."""
+    if text == "auto":
+        return cpu_count()
+    value = int(text)
+    if not 1 <= value <= MAX_PROCESSES:
+        raise ValueError(text)  # argparse says: invalid processes value: '0'
+    return value
+
+
+def autoscale(text: str) -> tuple[int, int]:
+    """``--autoscale MIN,MAX``: the bounds of an autoscaled pool, 1 <= MIN <= MAX."""
+    low, comma, high = text.partition(",")
+    try:
+        bounds = (int(low), int(high)) if comma else None
+    except ValueError:
+        bounds = None
+    if bounds is None or not 1 <= bounds[0] <= bounds[1] <= MAX_PROCESSES:
+        raise ArgumentTypeError(
+            f"{text!r} is not MIN,MAX: two whole numbers of processes, 1 <= MIN <= MAX <= {MAX_PROCESSES} (such as 2,8)"
+        )
+    return bounds
 
 
 def utc_datetime(text: str) -> datetime:

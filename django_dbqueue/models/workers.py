@@ -1,10 +1,16 @@
-"""Worker rows: one per running ``runqueueworker``; its heartbeat tells the reaper it is alive."""
+"""Worker rows: one per running ``runqueueworker``; its heartbeat tells the reaper it is alive.
+
+A pool (``runqueueworker --processes``) has a row for its supervisor, whose
+``pool`` holds the pool's state, and one per child, whose ``supervisor``
+names the supervisor's row: the admin and ``queuestats`` show the tree.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 import os
 import socket
+from typing import Any
 
 from django.db import models
 
@@ -22,6 +28,10 @@ def is_loopback(address: str) -> bool:
         return host == "localhost"
 
 
+# Seconds: older than any WORKER_STALE_AFTER (at most a day).
+LONG_AGO = 366 * 24 * 3600.0
+
+
 class WorkerQuerySet(models.QuerySet["Worker"]):
     def register(
         self,
@@ -31,14 +41,23 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
         processed: int = 0,
         failed: int = 0,
         nudge_address: str = "",
+        *,
+        supervisor: str = "",
+        pool: dict[str, Any] | None = None,
     ) -> None:
-        """Create the worker's row, or bring it back after the reaper took the worker for dead."""
+        """Create the worker's row, or bring it back after the reaper took the worker for dead.
+
+        ``supervisor``: the name of the pool supervisor's row, for a pool's
+        child; ``pool``: the pool's state, for a supervisor's own row.
+        """
         values = {
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "queues": queues,
             "concurrency": concurrency,
             "nudge_address": nudge_address,
+            "supervisor": supervisor,
+            "pool": pool,
             "last_heartbeat_at": DbNow(),
         }
 
@@ -56,6 +75,20 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
     def beat(self, name: str, processed: int, failed: int) -> bool:
         """Say the worker is alive; False when its row is gone (the reaper took it for dead)."""
         return bool(self.filter(name=name).update(last_heartbeat_at=DbNow(), processed=processed, failed=failed))
+
+    def beat_pool(self, name: str, pool: dict[str, Any]) -> bool:
+        """A supervisor says it is alive, with its pool's state; False when its row is gone."""
+        return bool(self.filter(name=name).update(last_heartbeat_at=DbNow(), pool=pool))
+
+    def mark_dead(self, names: list[str]) -> int:
+        """Rows of workers known to be dead (their supervisor saw them exit): stale at once.
+
+        The reaper's next pass gives their messages back by its usual rules,
+        without waiting ``WORKER_STALE_AFTER`` for a heartbeat that cannot come.
+        """
+        if not names:
+            return 0
+        return self.filter(name__in=names).update(last_heartbeat_at=DbNow(-LONG_AGO))
 
     def stale(self, after: float) -> WorkerQuerySet:
         """Workers whose last heartbeat is older than ``after`` seconds, by the database clock."""
@@ -91,7 +124,7 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
 
 
 class Worker(models.Model):
-    """A running ``runqueueworker`` process; its heartbeat tells the reaper it is alive."""
+    """A running ``runqueueworker`` process (or a pool's supervisor); its heartbeat tells the reaper it is alive."""
 
     name = models.CharField(max_length=255, unique=True, help_text="hostname:pid:random, as written in claimed_by.")
     hostname = models.CharField(max_length=255)
@@ -105,6 +138,12 @@ class Worker(models.Model):
     nudge_address = models.CharField(
         max_length=64, blank=True, default="", help_text="Where an enqueue nudges it awake (not on PostgreSQL)."
     )
+    supervisor = models.CharField(
+        max_length=255, blank=True, default="", help_text="A pool's child: the name of its supervisor's row."
+    )
+    pool = models.JSONField(
+        null=True, blank=True, default=None, help_text="A pool's supervisor: the pool's state (its children, scaling)."
+    )
 
     objects = WorkerQuerySet.as_manager()
 
@@ -116,3 +155,8 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def is_supervisor(self) -> bool:
+        """Whether this row is a pool's supervisor (it runs no handler; its children do)."""
+        return self.pool is not None

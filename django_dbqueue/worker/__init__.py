@@ -9,7 +9,9 @@
 - `consumer`: the claim/run/ack loop of one thread;
 - `writing`: writing an outcome, retried through database trouble;
 - `heartbeat`: the worker's row, lease extension, the periodic summary;
-- `listener`: PostgreSQL ``LISTEN`` wake-ups.
+- `listener`: PostgreSQL ``LISTEN`` wake-ups;
+- `supervisor`: ``runqueueworker --processes``, a pool of such workers, and
+  `tether`, a child's line to its supervisor.
 
 Running one message through its handler is `django_dbqueue.running`;
 the ``--reap`` thread is `django_dbqueue.reaper.Reaper.loop`.

@@ -34,3 +34,6 @@ class WorkerConfig:
     handler: Handler | None = None  # overrides the registry (exec mode)
     reap: bool = False
     schedules: bool = True  # fire the schedules of this database too (docs/schedules.md)
+    # A pool's child (worker/supervisor.py): its supervisor's row, and the socket to it (worker/tether.py).
+    supervisor: str = ""
+    tether_fd: int | None = None

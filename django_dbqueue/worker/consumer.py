@@ -32,7 +32,7 @@ from ..running import HandlerOutcome, Verdict, decide, ends_dead
 from .completer import Completer, CompleterGone, Handover
 from .config import WorkerConfig
 from .ledger import Ledger
-from .lifecycle import Lifecycle
+from .lifecycle import Ending, Lifecycle
 from .writing import GaveUp, Writer, first_line
 
 logger = logging.getLogger("django_dbqueue")
@@ -171,7 +171,7 @@ class Consumer:
         """
         max_messages = self.config.max_messages
         if max_messages and self.ledger.counts().total >= max_messages:
-            self.lifecycle.stop("max messages reached")
+            self.lifecycle.stop("max messages reached", Ending.RECYCLE)
             return True
         if not self.config.until_empty or not self.ledger.close_if_empty():
             return False
@@ -182,7 +182,7 @@ class Consumer:
             if not empty:
                 self.ledger.reopen()
         if empty:
-            self.lifecycle.stop("queues are empty")
+            self.lifecycle.stop("queues are empty", Ending.DONE)
         return empty
 
     def process(self, message: Message) -> None:

@@ -39,8 +39,10 @@ class Heartbeat:
         concurrency: int,
         visibility_timeout: float | None,
         ledger: Ledger,
+        supervisor: str = "",
     ) -> None:
         self.name = name
+        self.supervisor = supervisor
         self.queues = queues
         self.using = using
         self.concurrency = concurrency
@@ -132,7 +134,13 @@ class Heartbeat:
     def register(self) -> None:
         counts = self.ledger.counts()
         WorkerRow.objects.using(self.using).register(
-            self.name, self.queues, self.concurrency, counts.processed, counts.failed, self.nudge_address
+            self.name,
+            self.queues,
+            self.concurrency,
+            counts.processed,
+            counts.failed,
+            self.nudge_address,
+            supervisor=self.supervisor,
         )
 
     def unregister(self) -> None:

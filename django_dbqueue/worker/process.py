@@ -13,6 +13,9 @@ unstarted messages at once and lets running handlers finish within
 ``SHUTDOWN_GRACE``; a second signal exits at once (those leases expire).
 A thread that crashes stops the worker the same way, and it exits with
 ``ExitStatus.ERROR``.
+
+A pool's child (``config.tether_fd``) also obeys its supervisor through a
+`Tether`, and stops gracefully when the supervisor is gone.
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ from .config import ExitStatus, WorkerConfig
 from .consumer import Consumer, PausedQueues
 from .heartbeat import Heartbeat
 from .ledger import Ledger
-from .lifecycle import Lifecycle
+from .lifecycle import Ending, Lifecycle
 from .listener import Listener
+from .tether import Tether
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -81,7 +85,9 @@ class QueueWorker:
             concurrency=config.concurrency,
             visibility_timeout=config.visibility_timeout,
             ledger=self.ledger,
+            supervisor=config.supervisor,
         )
+        self.tether = Tether(config.tether_fd, config.supervisor) if config.tether_fd is not None else None
         self.completer = Completer(name=self.name, using=self.using, ledger=self.ledger, lifecycle=self.lifecycle)
         self._signalled = False
         self._previous_handlers: dict[int, Any] = {}
@@ -134,12 +140,17 @@ class QueueWorker:
         if self.scheduler is not None:
             scheduler = self.scheduler
             helpers.append(life.thread(lambda: scheduler.loop(life.stopping), "dbqueue-scheduler"))
+        tether = self.tether
+        if tether is not None:
+            helpers.append(life.thread(lambda: tether.run(life, self.stop_gracefully, self.exit_now), "dbqueue-tether"))
         self.log_banner()
+        if tether is not None:
+            tether.ready(self.name)  # before its thread may say that the worker leaves
         for thread in consumers + helpers:
             thread.start()
         while not life.stopping.wait(0.2):
             if self.config.max_runtime and time.monotonic() - started >= self.config.max_runtime:
-                self.stop("max runtime reached")
+                self.stop("max runtime reached", Ending.RECYCLE)
             if not any(t.is_alive() for t in consumers):
                 self.stop("all consumer threads finished")
         status = self._shutdown(consumers)
@@ -197,6 +208,7 @@ class QueueWorker:
             *(f"               {line}" for line in queues[1:]),
             f"  concurrency  {self.config.concurrency}, batch size {self.config.batch_size}, "
             f"schedules {schedules}, reaper {reaper}",
+            *([f"  pool         a child of {self.config.supervisor}"] if self.config.supervisor else []),
             "  stop with CONTROL-C or SIGTERM (a second one stops at once)",
         ]
         fields = {
@@ -210,6 +222,8 @@ class QueueWorker:
             "schedules": self.scheduler is not None,
             "reaper": self.config.reap,
         }
+        if self.config.supervisor:
+            fields["supervisor"] = self.config.supervisor
         logger.info("%s", "\n".join(lines), extra=event("banner", **fields))
 
     def log_summary(self, status: ExitStatus, elapsed: float, waiting: int | None = None) -> None:
@@ -251,9 +265,19 @@ class QueueWorker:
         except DATABASE_TROUBLE:
             return None
 
-    def stop(self, why: str) -> None:
+    def stop(self, why: str, ending: Ending = Ending.STOP) -> None:
         """Stop claiming and shut down as a first signal would (callable from any thread)."""
-        self.lifecycle.stop(why)
+        self.lifecycle.stop(why, ending)
+
+    def stop_gracefully(self, why: str) -> None:
+        """What a first signal does: stop, and give the claimed but unstarted messages back now, not after the grace."""
+        self.stop(why)
+        self.lifecycle.thread(self._release_unstarted, "dbqueue-release").start()
+
+    def exit_now(self) -> None:
+        """What a second signal does: exit at once; the leases of running messages will expire."""
+        logger.warning("worker %s: told to exit at once", self.name)
+        os._exit(ExitStatus.FORCED)
 
     def _install_signals(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -264,9 +288,7 @@ class QueueWorker:
                 logger.warning("worker %s: second signal, exiting at once", self.name)
                 os._exit(ExitStatus.FORCED)
             self._signalled = True
-            self.stop(f"got {signal.Signals(signum).name}")
-            # Claimed but unstarted messages go back now, not after the grace.
-            self.lifecycle.thread(self._release_unstarted, "dbqueue-release").start()
+            self.stop_gracefully(f"got {signal.Signals(signum).name}")
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             self._previous_handlers[signum] = signal.signal(signum, on_signal)

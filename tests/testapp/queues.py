@@ -7,10 +7,16 @@ inside a worker it started.
 
 import os
 import signal
+import sys
 import time
 from datetime import datetime
 
 import django_dbqueue
+
+# An import error in a handler module, in a pool's children only (tests/test_pool.py): the
+# supervisor starts, its children cannot, as after a deploy that broke the code.
+if os.environ.get("DBQUEUE_TEST_BROKEN_CHILD") and "--pool-child-of" in sys.argv:
+    import tests.testapp.no_such_module  # noqa: F401
 
 
 def mark(event: str, message) -> None:

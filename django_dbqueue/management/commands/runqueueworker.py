@@ -1,16 +1,28 @@
-"""``manage.py runqueueworker``: a thin parser over `django_dbqueue.worker.QueueWorker`."""
+"""``manage.py runqueueworker``: a thin parser over `django_dbqueue.worker.QueueWorker`.
+
+With ``--processes`` or ``--autoscale`` it runs a pool instead
+(`django_dbqueue.worker.supervisor.Supervisor`), whose children are this
+command again, told so by the hidden ``--pool-child-of`` and ``--pool-fd``.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_dbqueue.exceptions import DbQueueError
-from django_dbqueue.management.arguments import non_negative_float, positive_float, positive_int
+from django_dbqueue.management.arguments import (
+    non_negative_float,
+    positive_float,
+    positive_int,
+    processes,
+)
 from django_dbqueue.management.console import add_console_arguments, command_console
 from django_dbqueue.worker import QueueWorker, WorkerConfig
+from django_dbqueue.worker.supervisor import PoolConfig, Supervisor
 
 
 class Command(BaseCommand):
@@ -41,9 +53,29 @@ class Command(BaseCommand):
             action="store_false",
             help="Do not fire schedules in this worker (by default every worker takes part).",
         )
+        pool = parser.add_argument_group('a pool of processes (docs/workers.md, "A pool of processes")')
+        pool.add_argument(
+            "--processes",
+            type=processes,
+            metavar="N|auto",
+            help="Run N worker processes (auto: one per CPU) under a supervisor, each with --concurrency threads.",
+        )
+        # A pool's child: its supervisor's row, and its end of the socket to it (worker/tether.py).
+        parser.add_argument("--pool-child-of", metavar="NAME", help=argparse.SUPPRESS)
+        parser.add_argument("--pool-fd", type=int, metavar="FD", help=argparse.SUPPRESS)
         add_console_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        is_pool = options["processes"] is not None
+        is_child = options["pool_child_of"] is not None
+        if is_child != (options["pool_fd"] is not None):
+            raise CommandError("--pool-child-of and --pool-fd go together (a pool's supervisor gives them)")
+        if is_pool and is_child:
+            raise CommandError("a pool's child runs no pool of its own")
+        if is_pool and options["max_messages"] is not None:
+            raise CommandError(
+                "--max-messages counts one process's messages: with a pool, use --max-messages-per-child"
+            )
         handler = None
         if options["exec_command"] is not None:
             if not options["queues"]:
@@ -71,9 +103,20 @@ class Command(BaseCommand):
             handler=handler,
             reap=options["reap"],
             schedules=options["schedules"],
+            supervisor=options["pool_child_of"] or "",
+            tether_fd=options["pool_fd"],
         )
+        worker: QueueWorker | Supervisor
         try:
-            worker = QueueWorker(config)
+            if is_pool:
+                pool = PoolConfig(
+                    processes=options["processes"],
+                    verbosity=options["verbosity"],
+                    json_logs=options["json_logs"],
+                )
+                worker = Supervisor(config, pool)
+            else:
+                worker = QueueWorker(config)
         except DbQueueError as exc:
             raise CommandError(str(exc)) from exc
         # Its own console unless the project's LOGGING takes django_dbqueue's records (docs/workers.md).

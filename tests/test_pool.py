@@ -1,0 +1,442 @@
+"""A pool of worker processes: ``runqueueworker --processes N`` (django_dbqueue/worker/supervisor.py).
+
+The tests marked ``slow`` start real pools (a supervisor and its children,
+each a ``runqueueworker`` process) against the test database. Every pool's
+output goes to a file, so that no pipe fills up, and every process a test
+started is killed at its end, whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+import django_dbqueue
+from django_dbqueue.models import ArchivedMessage, Outcome, Worker
+from django_dbqueue.worker import ExitStatus, WorkerConfig
+from django_dbqueue.worker import supervisor as supervisor_module
+from django_dbqueue.worker.supervisor import PoolConfig, Supervisor, child_environment, exit_text
+from tests.support.processes import ROOT, child_env, read_marks, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+# --- helpers -------------------------------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not: an orphan's exit waits for init to collect it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def pool_children(supervisor_pid: int) -> list[int]:
+    """The pids of the children a supervisor started (their command lines name it), from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--pool-child-of" in argv:
+            name = argv[argv.index(b"--pool-child-of") + 1].decode()
+            if f":{supervisor_pid}:" in name and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+class Pools:
+    """Starts pools for a test and kills what is left of them at its end."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: object, marks: Path | None = None, **env: str) -> subprocess.Popen[bytes]:
+        if marks is not None:
+            env["DBQUEUE_TEST_MARKS"] = str(marks)
+        log = open(self.tmp_path / f"pool-{len(self.started)}.log", "wb")  # noqa: SIM115  (closed at teardown)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "django", "runqueueworker", *map(str, args)],
+            cwd=ROOT,
+            env=child_env(**env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        process.log = log  # type: ignore[attr-defined]
+        self.started.append(process)
+        return process
+
+    def output(self, process: subprocess.Popen[bytes]) -> str:
+        process.log.flush()  # type: ignore[attr-defined]
+        return Path(process.log.name).read_text(errors="replace")  # type: ignore[attr-defined]
+
+    def finish(self, process: subprocess.Popen[bytes], timeout: float = 90) -> tuple[int, str]:
+        """Wait for the pool to exit; its status and output."""
+        try:
+            status = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the pool did not exit in {timeout}s:\n{self.output(process)[-4000:]}") from None
+        return status, self.output(process)
+
+    def close(self) -> None:
+        for process in self.started:
+            children = pool_children(process.pid)
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+            for pid in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            process.log.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def pools(tmp_path):
+    pools = Pools(tmp_path)
+    yield pools
+    pools.close()
+
+
+def supervisor_row(pid: int) -> Worker | None:
+    return Worker.objects.filter(pid=pid, pool__isnull=False).first()
+
+
+def children_rows(name: str) -> list[Worker]:
+    return list(Worker.objects.filter(supervisor=name).order_by("name"))
+
+
+def wait_for_children(pid: int, count: int, timeout: float = 90) -> tuple[Worker, list[Worker]]:
+    """The supervisor's row and its children's, once ``count`` children are registered."""
+
+    def ready():
+        row = supervisor_row(pid)
+        rows = children_rows(row.name) if row is not None else []
+        return (row, rows) if len(rows) == count else None
+
+    return wait_for(ready, timeout=timeout, what=f"{count} children of pool {pid}")
+
+
+# --- in this process ---------------------------------------------------------------
+
+
+def test_pool_options_are_checked_before_anything_starts():
+    with pytest.raises(CommandError, match="--max-messages counts one process's messages"):
+        call_command("runqueueworker", "w-ok", "--processes", "2", "--max-messages", "5")
+    with pytest.raises(CommandError, match="--pool-child-of and --pool-fd go together"):
+        call_command("runqueueworker", "w-ok", "--pool-child-of", "x")
+    with pytest.raises(CommandError, match="invalid processes value: '0'"):
+        call_command("runqueueworker", "w-ok", "--processes", "0")
+    with pytest.raises(CommandError, match="queue name"):
+        call_command("runqueueworker", "bad queue!", "--processes", "2")
+
+
+def test_processes_auto_is_one_per_cpu_this_process_may_use():
+    from django_dbqueue.management.arguments import processes
+
+    assert processes("auto") == len(os.sched_getaffinity(0))
+    assert processes("3") == 3
+
+
+def test_the_reaper_and_the_schedules_run_in_one_child_only():
+    config = WorkerConfig(queues=["w-ok", "w-slow"], concurrency=4, reap=True, grace=5.0)
+    pool = Supervisor(config, PoolConfig(processes=3), command=["unused"])
+    first, second = pool.child_args(0, 7), pool.child_args(1, 8)
+    assert first[:2] == ["w-ok", "w-slow"] and first[first.index("--concurrency") + 1] == "4"
+    assert "--reap" in first and "--no-schedules" not in first
+    assert "--reap" not in second and "--no-schedules" in second
+    assert second[-4:] == ["--pool-child-of", pool.name, "--pool-fd", "8"]
+    assert second[second.index("--grace") + 1] == "5.0"
+
+
+def test_exit_statuses_are_told_as_people_say_them():
+    assert exit_text(1) == "exit status 1"
+    assert exit_text(-signal.SIGKILL) == "killed by SIGKILL"
+
+
+def test_children_find_the_project_as_the_supervisor_does(monkeypatch):
+    env = child_environment()
+    assert str(ROOT) in env["PYTHONPATH"].split(os.pathsep)
+    monkeypatch.delenv("DJANGO_SETTINGS_MODULE")
+    with pytest.raises(django_dbqueue.InvalidOption, match="DJANGO_SETTINGS_MODULE"):
+        child_environment()
+
+
+STAND_IN = """
+import os, socket, sys, time
+line = socket.socket(fileno=int(sys.argv[sys.argv.index("--pool-fd") + 1]))
+mode = os.environ["STAND_IN"]
+if mode == "fail":
+    sys.exit(1)
+line.sendall(f"ready stand-in-{os.getpid()}\\n".encode())
+if mode == "die":
+    time.sleep(0.2)
+    sys.exit(9)
+line.recv(100)  # "stop"
+"""
+
+
+def stand_ins(mode: str, monkeypatch, processes: int = 2, runtime: float = 60) -> Supervisor:
+    """A supervisor for this process over children that are tiny scripts speaking the tether's protocol.
+
+    ``runtime`` only bounds a test that goes wrong.
+    """
+    monkeypatch.setenv("STAND_IN", mode)
+    monkeypatch.setattr(supervisor_module, "BACKOFF_FIRST", 0.05)
+    config = WorkerConfig(queues=["w-ok"], max_runtime=runtime)
+    return Supervisor(config, PoolConfig(processes=processes), command=[sys.executable, "-c", STAND_IN])
+
+
+def test_children_that_cannot_start_stop_the_pool_with_status_1(monkeypatch, caplog):
+    pool = stand_ins("fail", monkeypatch)
+    assert pool.run() == ExitStatus.ERROR
+    assert pool.counts["started"] in (supervisor_module.START_FAILURES, supervisor_module.START_FAILURES + 1)
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "exited before they were ready" in errors[0].getMessage()
+    assert not Worker.objects.exists()
+
+
+def test_children_that_die_are_restarted_with_a_backoff_that_doubles(monkeypatch, caplog):
+    pool = stand_ins("die", monkeypatch, processes=1)
+    died = pool._died
+
+    def stop_after_four(child, how):
+        died(child, how)
+        if pool.counts["restarted"] == 4:
+            pool.begin_stop("enough")
+
+    monkeypatch.setattr(pool, "_died", stop_after_four)
+    assert pool.run() == ExitStatus.OK
+    waits = [re.search(r"restarting it in (\S+)s$", r.getMessage()) for r in caplog.records]
+    assert [float(w.group(1)) for w in waits if w] == [0.05, 0.1, 0.2, 0.4]
+
+
+def test_a_stopped_pool_stops_its_children_and_removes_its_row(monkeypatch):
+    pool = stand_ins("serve", monkeypatch, runtime=1.0)
+    assert pool.run() == ExitStatus.OK
+    assert (pool.counts["started"], pool.counts["restarted"], pool.why) == (2, 0, "max runtime reached")
+    assert not Worker.objects.exists()
+
+
+def test_the_row_of_a_child_seen_dying_is_stale_at_once_for_the_reaper(settings):
+    pool = Supervisor(WorkerConfig(queues=["w-ok"]), PoolConfig(processes=2), command=["unused"])
+    Worker.objects.register("child-x", ["w-ok"], 1, supervisor=pool.name)
+    Worker.objects.register("child-y", ["w-ok"], 1, supervisor=pool.name)
+    stale_after = settings.DBQUEUE.get("WORKER_STALE_AFTER", 8.0)
+    assert not Worker.objects.stale(stale_after).exists()
+    pool._dead_rows.put("child-x")
+    pool._beat()  # the monitor thread's beat: its own row (registered again: it was not), and the dead
+    assert list(Worker.objects.stale(stale_after).values_list("name", flat=True)) == ["child-x"]
+    assert Worker.objects.get(name=pool.name).pool["target"] == 2
+
+
+def test_queuestats_shows_each_pool_with_its_children_under_it():
+    rows = Worker.objects
+    rows.register("pool-a", ["w-ok"], 2, pool={"processes": 2, "target": 2, "restarted": 1, "decision": ""})
+    rows.register("child-2", ["w-ok"], 2, supervisor="pool-a")
+    rows.register("alone", ["w-ok"], 1)
+    rows.register("child-1", ["w-ok"], 2, supervisor="pool-a")
+    out = StringIO()
+    call_command("queuestats", stdout=out)
+    lines = out.getvalue().split("Workers (4)\n")[1].splitlines()
+    assert lines[0].startswith("  alone  queues w-ok")
+    assert lines[1].startswith("  pool-a  pool of 2 processes (target 2), 1 restarted  queues w-ok")
+    assert lines[2].startswith("    child-1  queues w-ok") and lines[3].startswith("    child-2  queues w-ok")
+    out = StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    workers = json.loads(out.getvalue())["workers"]
+    assert [(w["name"], w["supervisor"], w["depth"]) for w in workers][1:] == [
+        ("pool-a", "", 0),
+        ("child-1", "pool-a", 1),
+        ("child-2", "pool-a", 1),
+    ]
+
+
+# --- real pools ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_pool_runs_children_that_name_their_supervisor_and_stops_gracefully(pools, tmp_path):
+    marks = tmp_path / "marks"
+    pool = pools.start("w-ok", "w-sleep", "--processes", 2, "--concurrency", 2, marks=marks)
+    row, children = wait_for_children(pool.pid, 2)
+    assert row.pool["processes"] == 2 and row.pool["target"] == 2
+    assert {child.concurrency for child in children} == {2}
+    assert len({child.pid for child in children} | {pool.pid}) == 3
+    ids = [m.pk for m in django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(20)])]
+    wait_for(lambda: ArchivedMessage.objects.filter(message_id__in=ids).count() == 20, what="the messages to be acked")
+    assert {pid for _, _, pid in read_marks(marks)} <= {child.pid for child in children}
+    slow = django_dbqueue.enqueue("w-sleep", {"sleep": 3})
+    wait_for(lambda: ("start", slow.pk) in {(e, pk) for e, pk, _ in read_marks(marks)}, what="the handler to start")
+    pids = pool_children(pool.pid)
+    pool.send_signal(signal.SIGTERM)
+    status, output = pools.finish(pool)
+    assert status == ExitStatus.OK, output
+    assert ArchivedMessage.objects.get(message_id=slow.pk).outcome == Outcome.ACKED  # within the grace
+    assert not Worker.objects.exists()
+    assert not [pid for pid in pids if alive(pid)]
+
+
+@pytest.mark.slow
+def test_a_child_killed_mid_message_is_replaced_and_its_message_runs_again(pools, tmp_path):
+    marks = tmp_path / "marks"
+    slow = django_dbqueue.enqueue("w-slow", {"sleep": 600})  # the first attempt hangs; a rerun is quick
+    pool = pools.start("w-slow", "w-ok", "--processes", 2, "--reap", "--visibility-timeout", 600, marks=marks)
+    victim = wait_for(
+        lambda: next((pid for event, pk, pid in read_marks(marks) if (event, pk) == ("start", slow.pk)), None),
+        timeout=90,
+        what="the slow handler to start",
+    )
+    wait_for_children(pool.pid, 2)
+    # The victim runs the slow one (one thread): the other child takes these, and only it.
+    others = [m.pk for m in django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(20)])]
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(
+        lambda: ArchivedMessage.objects.filter(message_id=slow.pk, outcome=Outcome.ACKED).exists(),
+        timeout=90,
+        what="the killed child's message to run again",
+    )
+    # Far within its 600 s lease: the supervisor saw the child die and marked its row stale at once,
+    # and the reaper's next pass gave its message back.
+    assert time.monotonic() - killed_at < 60
+    _, children = wait_for_children(pool.pid, 2)
+    assert victim not in {child.pid for child in children}
+    wait_for(lambda: ArchivedMessage.objects.filter(message_id__in=others).count() == 20, what="the others")
+    pool.send_signal(signal.SIGTERM)
+    status, output = pools.finish(pool)
+    assert status == ExitStatus.OK, output
+    assert re.search(rf"child \d \(pid {victim}\) died \(killed by SIGKILL\); restarting it in 1s", output)
+    assert ArchivedMessage.objects.get(message_id=slow.pk).attempts == 2
+    done = Counter(pk for event, pk, _ in read_marks(marks) if event == "done")
+    assert done == Counter([slow.pk, *others])  # nothing lost, nothing twice
+    assert [pid for event, pk, pid in read_marks(marks) if (event, pk) == ("done", slow.pk)] != [victim]
+    assert not Worker.objects.exists()
+
+
+@pytest.mark.slow
+def test_an_import_error_in_the_children_stops_the_pool_with_status_1_and_one_line(pools):
+    pool = pools.start("w-ok", "--processes", 2, DBQUEUE_TEST_BROKEN_CHILD="1")
+    status, output = pools.finish(pool)
+    assert status == ExitStatus.ERROR, output
+    errors = [line for line in output.splitlines() if "exited before they were ready" in line]
+    assert len(errors) == 1 and "the pool stops" in errors[0]
+    # A few starts, not a storm: three failures in a row stop it (a fourth may have been under way).
+    assert 3 <= output.count("No module named 'tests.testapp.no_such_module'") <= 4
+    assert not Worker.objects.exists()
+
+
+@pytest.mark.slow
+def test_sighup_replaces_every_child_one_after_another_during_a_drain(pools, tmp_path):
+    marks = tmp_path / "marks"
+    ids = [m.pk for m in django_dbqueue.enqueue_many("w-sleep", [{"sleep": 0.05}] * 400)]
+    pool = pools.start("w-sleep", "--processes", 2, marks=marks)
+    _, before = wait_for_children(pool.pid, 2)
+    wait_for(lambda: ArchivedMessage.objects.filter(message_id__in=ids).count() >= 20, what="the drain to start")
+    pool.send_signal(signal.SIGHUP)
+    old = {child.pid for child in before}
+
+    def replaced():
+        rows = children_rows(before[0].supervisor)
+        return len(rows) == 2 and not old & {row.pid for row in rows} and not any(map(alive, old))
+
+    wait_for(replaced, timeout=120, what="both children to be replaced")
+    assert ArchivedMessage.objects.filter(message_id__in=ids).count() < len(ids), "the drain ended before the restart"
+    wait_for(lambda: ArchivedMessage.objects.filter(message_id__in=ids).count() == len(ids), timeout=120, what="drain")
+    pool.send_signal(signal.SIGTERM)
+    status, output = pools.finish(pool)
+    assert status == ExitStatus.OK, output
+    done = Counter(pk for event, pk, _ in read_marks(marks) if event == "done")
+    assert done == Counter(ids)  # nothing lost, nothing twice
+    # Throughput never at zero: each replacement was ready before its predecessor stopped, so messages
+    # kept finishing throughout (a child's start takes seconds on a loaded machine; a gap would show it).
+    finished = sorted(ArchivedMessage.objects.filter(message_id__in=ids).values_list("finished_at", flat=True))
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(finished)]
+    assert max(gaps) < 2.0, max(gaps)
+    assert {pid for _, _, pid in read_marks(marks)} >= old
+
+
+@pytest.mark.slow
+def test_a_supervisor_killed_with_sigkill_leaves_no_orphans(pools, tmp_path):
+    marks = tmp_path / "marks"
+    slow = django_dbqueue.enqueue("w-sleep", {"sleep": 3})
+    pool = pools.start("w-sleep", "--processes", 2, marks=marks)
+    row, children = wait_for_children(pool.pid, 2)
+    wait_for(lambda: read_marks(marks), what="the handler to start")
+    pids = pool_children(pool.pid)
+    assert sorted(pids) == sorted(child.pid for child in children)
+    pool.kill()
+    pool.wait(timeout=10)
+    # Each child reads the end of its socket, stops gracefully (the running handler finishes) and exits.
+    wait_for(lambda: not any(map(alive, pids)), timeout=60, what="the orphaned children to exit")
+    assert ArchivedMessage.objects.get(message_id=slow.pk).outcome == Outcome.ACKED
+    assert list(Worker.objects.values_list("name", flat=True)) == [row.name]  # the reaper takes the supervisor's
+    assert "its supervisor" in pools.output(pool) and "is gone" in pools.output(pool)
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_stops_the_pool_at_once(pools, tmp_path):
+    marks = tmp_path / "marks"
+    slow = django_dbqueue.enqueue("w-sleep", {"sleep": 60})
+    pool = pools.start("w-sleep", "--processes", 2, marks=marks)
+    wait_for(lambda: read_marks(marks), timeout=90, what="the handler to start")
+    pids = pool_children(pool.pid)
+    pool.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    pool.send_signal(signal.SIGTERM)
+    status, output = pools.finish(pool, timeout=30)
+    assert status == ExitStatus.FORCED, output
+    wait_for(lambda: not any(map(alive, pids)), timeout=10, what="the children to be gone")
+    assert not ArchivedMessage.objects.filter(message_id=slow.pk).exists()  # its lease will expire
+
+
+@pytest.mark.slow
+def test_sigttin_adds_a_child_and_sigttou_removes_one(pools):
+    pool = pools.start("w-ok", "--processes", 1, "-v", 2)
+    wait_for_children(pool.pid, 1)
+    pool.send_signal(signal.SIGTTIN)
+    wait_for_children(pool.pid, 2)
+    wait_for(lambda: supervisor_row(pool.pid).pool["target"] == 2, what="the row to say so")
+    pool.send_signal(signal.SIGTTOU)
+    wait_for_children(pool.pid, 1)
+    pool.send_signal(signal.SIGTTOU)  # never fewer than one
+    wait_for(lambda: "already at one child" in pools.output(pool), what="the pool to say so")
+    pool.send_signal(signal.SIGTERM)
+    status, output = pools.finish(pool)
+    assert status == ExitStatus.OK, output
+    assert supervisor_row(pool.pid) is None
+
+
+@pytest.mark.slow
+def test_until_empty_ends_the_pool_and_the_reaper_and_schedules_run_once(pools):
+    ids = [m.pk for m in django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(40)])]
+    tick = json.dumps({"pool-tick": {"EVERY": 3600, "QUEUE": "w-sleep"}})
+    pool = pools.start("w-ok", "--processes", 3, "--until-empty", "--reap", "-v", 2, DBQUEUE_TEST_SCHEDULES=tick)
+    status, output = pools.finish(pool)
+    assert status == ExitStatus.OK, output
+    assert ArchivedMessage.objects.filter(message_id__in=ids, outcome=Outcome.ACKED).count() == 40
+    banners = re.findall(r"concurrency  1, batch size 1, schedules (\w+).*, reaper (\w+)", output)
+    assert sorted(banners) == [("off", "off"), ("off", "off"), ("on", "on")]
+    assert "every child found the queues empty" in output
+    assert not Worker.objects.exists()
