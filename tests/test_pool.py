@@ -141,6 +141,47 @@ def wait_for_children(pid: int, count: int, timeout: float = 90) -> tuple[Worker
 # --- in this process ---------------------------------------------------------------
 
 
+def test_recycling_options_need_a_pool():
+    with pytest.raises(CommandError, match="recycle a pool's children: give --processes"):
+        call_command("runqueueworker", "w-ok", "--max-memory-per-child", "500")
+    with pytest.raises(CommandError, match="invalid positive_float value: '0'"):
+        call_command("runqueueworker", "w-ok", "--processes", "2", "--max-memory-per-child", "0")
+
+
+def test_a_child_past_a_limit_asks_for_its_replacement_once(monkeypatch):
+    from django_dbqueue.worker import recycling
+    from django_dbqueue.worker.ledger import Ledger
+
+    asked = []
+
+    class Line:
+        def recycle(self, why):
+            asked.append(why)
+
+    ledger = Ledger()
+    recycler = recycling.Recycler(Line(), max_messages=2, max_memory=None)
+    ledger._count(True, 1)
+    recycler.check(ledger)
+    assert asked == []
+    ledger._count(False, 1)
+    recycler.check(ledger)
+    recycler.check(ledger)
+    assert asked == ["2 messages, at its limit of 2"]
+    monkeypatch.setattr(recycling, "resident_megabytes", lambda: 612.4)
+    by_memory = recycling.Recycler(Line(), max_messages=None, max_memory=500)
+    by_memory.check(ledger)
+    assert asked[1] == "resident memory 612 MB, past its limit of 500 MB"
+
+
+def test_resident_memory_is_this_process_s():
+    from django_dbqueue.worker.memory import resident_megabytes
+
+    before = resident_megabytes()
+    held = b"\x01" * (50 << 20)
+    assert resident_megabytes() - before > 40
+    del held
+
+
 def test_pool_options_are_checked_before_anything_starts():
     with pytest.raises(CommandError, match="--max-messages counts one process's messages"):
         call_command("runqueueworker", "w-ok", "--processes", "2", "--max-messages", "5")
@@ -168,6 +209,10 @@ def test_the_reaper_and_the_schedules_run_in_one_child_only():
     assert "--reap" not in second and "--no-schedules" in second
     assert second[-4:] == ["--pool-child-of", pool.name, "--pool-fd", "8"]
     assert second[second.index("--grace") + 1] == "5.0"
+    recycled = Supervisor(config, PoolConfig(max_messages_per_child=100, max_memory_per_child=300.0), command=["x"])
+    args = recycled.child_args(1, 8)
+    assert args[args.index("--max-messages-per-child") + 1] == "100"
+    assert args[args.index("--max-memory-per-child") + 1] == "300.0"
 
 
 def test_exit_statuses_are_told_as_people_say_them():
@@ -440,3 +485,37 @@ def test_until_empty_ends_the_pool_and_the_reaper_and_schedules_run_once(pools):
     assert sorted(banners) == [("off", "off"), ("off", "off"), ("on", "on")]
     assert "every child found the queues empty" in output
     assert not Worker.objects.exists()
+
+
+@pytest.mark.slow
+def test_children_are_recycled_at_their_limits_while_messages_keep_flowing(pools, tmp_path):
+    marks = tmp_path / "marks"
+    plain = [m.pk for m in django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(12)])]
+    pool = pools.start(
+        "w-ok",
+        "w-leak",
+        "--processes",
+        1,
+        "--max-messages-per-child",
+        10,
+        "--max-memory-per-child",
+        90,
+        "-v",
+        2,
+        marks=marks,
+    )
+    wait_for(lambda: ArchivedMessage.objects.filter(message_id__in=plain).count() == 12, timeout=90, what="w-ok")
+    # Each keeps 5 MB for good: a child (some 55 MB at rest) passes 90 MB after seven or eight of them.
+    leaks = [m.pk for m in django_dbqueue.enqueue_many("w-leak", [{"mb": 5, "sleep": 0.3}] * 30)]
+    wait_for(lambda: ArchivedMessage.objects.filter(message_id__in=leaks).count() == 30, timeout=120, what="w-leak")
+    pool.send_signal(signal.SIGTERM)
+    status, output = pools.finish(pool)
+    assert status == ExitStatus.OK, output
+    assert re.search(r"is recycled \(1[0-2] messages, at its limit of 10\)", output), output
+    assert re.search(r"is recycled \(resident memory \d+ MB, past its limit of 90 MB\)", output), output
+    done = Counter(pk for event, pk, _ in read_marks(marks) if event == "done")
+    assert done == Counter(plain + leaks)  # nothing lost, nothing twice
+    assert len({pid for _, _, pid in read_marks(marks)}) >= 3
+    # One process, and never none at work: each replacement was ready before its predecessor stopped.
+    finished = sorted(ArchivedMessage.objects.filter(message_id__in=leaks).values_list("finished_at", flat=True))
+    assert max((b - a).total_seconds() for a, b in itertools.pairwise(finished)) < 2.0

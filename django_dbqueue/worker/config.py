@@ -37,3 +37,6 @@ class WorkerConfig:
     # A pool's child (worker/supervisor.py): its supervisor's row, and the socket to it (worker/tether.py).
     supervisor: str = ""
     tether_fd: int | None = None
+    # A pool's child's limits (worker/recycling.py): past one, it asks for its replacement.
+    max_messages_per_child: int | None = None
+    max_memory_per_child: float | None = None  # megabytes

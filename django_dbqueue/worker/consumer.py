@@ -33,6 +33,7 @@ from .completer import Completer, CompleterGone, Handover
 from .config import WorkerConfig
 from .ledger import Ledger
 from .lifecycle import Ending, Lifecycle
+from .recycling import Recycler
 from .writing import GaveUp, Writer, first_line
 
 logger = logging.getLogger("django_dbqueue")
@@ -77,6 +78,7 @@ class Consumer:
         lifecycle: Lifecycle,
         paused: PausedQueues,
         completer: Completer,
+        recycler: Recycler | None = None,
     ) -> None:
         self.slot = slot
         self.name = name
@@ -91,6 +93,7 @@ class Consumer:
         self.writer = Writer(using, name, give_up=lifecycle.finished)
         # Acks are written by the completer, a batch at a time; their leases stay held until then.
         self.completer = completer
+        self.recycler = recycler  # a pool's child's limits, checked between messages
         self._handed: Handover | None = None  # the last batch handed over, until it is written
 
     def run(self) -> None:
@@ -127,6 +130,8 @@ class Consumer:
                         logger.exception("worker %s: could not process message %s", self.name, message.pk)
                     finally:
                         self.ledger.finish(self.slot)  # not counted unless process() counted it
+                    if self.recycler is not None:
+                        self.recycler.check(self.ledger)
                 self.flush()
         finally:
             try:

@@ -51,6 +51,7 @@ from .heartbeat import Heartbeat
 from .ledger import Ledger
 from .lifecycle import Ending, Lifecycle
 from .listener import Listener
+from .recycling import Recycler
 from .tether import Tether
 
 logger = logging.getLogger("django_dbqueue")
@@ -88,6 +89,11 @@ class QueueWorker:
             supervisor=config.supervisor,
         )
         self.tether = Tether(config.tether_fd, config.supervisor) if config.tether_fd is not None else None
+        self.recycler: Recycler | None = None
+        if self.tether is not None and (config.max_messages_per_child or config.max_memory_per_child):
+            self.recycler = Recycler(
+                self.tether, max_messages=config.max_messages_per_child, max_memory=config.max_memory_per_child
+            )
         self.completer = Completer(name=self.name, using=self.using, ledger=self.ledger, lifecycle=self.lifecycle)
         self._signalled = False
         self._previous_handlers: dict[int, Any] = {}
@@ -114,6 +120,7 @@ class QueueWorker:
             lifecycle=self.lifecycle,
             paused=paused or PausedQueues(self.using),
             completer=self.completer,
+            recycler=self.recycler,
         )
 
     # --- lifecycle -----------------------------------------------------------
@@ -269,9 +276,9 @@ class QueueWorker:
         """Stop claiming and shut down as a first signal would (callable from any thread)."""
         self.lifecycle.stop(why, ending)
 
-    def stop_gracefully(self, why: str) -> None:
+    def stop_gracefully(self, why: str, ending: Ending = Ending.STOP) -> None:
         """What a first signal does: stop, and give the claimed but unstarted messages back now, not after the grace."""
-        self.stop(why)
+        self.stop(why, ending)
         self.lifecycle.thread(self._release_unstarted, "dbqueue-release").start()
 
     def exit_now(self) -> None:

@@ -82,6 +82,8 @@ class PoolConfig:
     processes: int = 2  # children to start with
     min_processes: int | None = None  # --autoscale MIN,MAX: the bounds (docs/workers.md, "Autoscaling")
     max_processes: int | None = None
+    max_messages_per_child: int | None = None  # recycling (worker/recycling.py)
+    max_memory_per_child: float | None = None  # megabytes
     verbosity: int = 1  # passed to the children, with --json-logs
     json_logs: bool = False
 
@@ -105,7 +107,8 @@ class Child:
     name: str = ""  # its worker row's name, once it is ready
     ending: str = ""  # why it leaves (an Ending, or "asked")
     ready_at: float | None = None
-    replaces: Child | None = None  # the child it replaces, in a rolling restart
+    replaces: Child | None = None  # the child it replaces (a rolling restart, a recycling), until it is ready
+    recycle: str = ""  # why it asked for its replacement (it passed a limit), until it leaves
     pending: bytes = b""
 
     @property
@@ -230,6 +233,8 @@ class Supervisor:
             ("--max-poll-interval", c.max_poll_interval),
             ("--visibility-timeout", c.visibility_timeout),
             ("--grace", c.grace),
+            ("--max-messages-per-child", self.pool.max_messages_per_child),
+            ("--max-memory-per-child", self.pool.max_memory_per_child),
         ):
             if value is not None:
                 args += [option, repr(value)]
@@ -362,6 +367,8 @@ class Supervisor:
             word, _, rest = line.decode(errors="replace").strip().partition(" ")
             if word == "ready":
                 self._ready(child, rest)
+            elif word == "recycle":
+                self._recycle(child, rest)
             elif word == "leaving":
                 ending, _, why = rest.partition(" ")
                 self._leaving(child, ending, why)
@@ -378,6 +385,17 @@ class Supervisor:
         if self.stop_deadline is not None:  # the pool began to stop while it started
             child.tell(STOP)
 
+    def _recycle(self, child: Child, why: str) -> None:
+        """``child`` passed one of its limits: its replacement starts now (`_maintain`); it works on until ready."""
+        if child.recycle or child.state == State.LEAVING or self.stop_deadline is not None:
+            return
+        child.recycle = why
+        self.counts["recycled"] += 1
+        if self.winding_down:  # --until-empty: no new children
+            self.stop_child(child, f"recycled ({why}) as the pool winds down")
+            return
+        logger.info("pool %s: %s is recycled (%s); its replacement starts now", self.name, child.describe(), why)
+
     def _leaving(self, child: Child, ending: str, why: str) -> None:
         if child.state == State.LEAVING:
             return
@@ -385,8 +403,7 @@ class Supervisor:
         if self.stop_deadline is not None:
             return
         if ending == Ending.RECYCLE:
-            self.counts["recycled"] += 1
-            logger.info("pool %s: %s is recycled (%s); its replacement starts now", self.name, child.describe(), why)
+            logger.info("pool %s: %s stops by itself (%s); it will be replaced", self.name, child.describe(), why)
         elif ending == Ending.DONE:
             if self.config.until_empty:
                 self.winding_down = True
@@ -492,13 +509,18 @@ class Supervisor:
         for child in sorted(serving, key=lambda c: -c.slot):
             if child.slot >= self.target and child.state != State.LEAVING:
                 self.stop_child(child, f"the pool shrinks to {self.target}")
+        replacing = {c.replaces for c in self.children if c.replaces is not None}
+        for child in serving:  # recycled children get their replacements together, not one at a time
+            due = now >= self.slot_not_before.get(child.slot, 0.0)  # after a replacement that failed to start
+            if child.recycle and child.state == State.READY and child not in replacing and due:
+                self.start_child(child.slot, replaces=child)
         self._roll(serving)
 
     def _roll(self, serving: list[Child]) -> None:
         """A rolling restart (SIGHUP): one child of an older generation at a time gets its replacement."""
-        if any(c.replaces is not None for c in self.children):
+        if any(c.replaces is not None and not c.replaces.recycle for c in self.children):
             return  # one at a time: the last replacement is not ready yet
-        old = [c for c in serving if c.generation < self.generation and c.state == State.READY]
+        old = [c for c in serving if c.generation < self.generation and c.state == State.READY and not c.recycle]
         if old:
             child = min(old, key=lambda c: c.slot)
             if time.monotonic() >= self.slot_not_before.get(child.slot, 0.0):  # after a failed replacement
@@ -617,7 +639,7 @@ class Supervisor:
             "target": self.target,
             "min": self.pool.min_processes,
             "max": self.pool.max_processes,
-            "children": [{"slot": c.slot, "pid": c.pid, "state": str(c.state)} for c in self.children],
+            "children": [{"slot": c.slot, "pid": c.pid, "state": str(c.state), "name": c.name} for c in self.children],
             **self.counts,
             "decision": self.decision,
         }
@@ -673,10 +695,16 @@ class Supervisor:
         bounds = ""
         if self.pool.min_processes is not None:
             bounds = f" (autoscaled from {self.pool.min_processes} to {self.pool.max_processes})"
+        limits = []
+        if self.pool.max_messages_per_child:
+            limits.append(f"{self.pool.max_messages_per_child} messages")
+        if self.pool.max_memory_per_child:
+            limits.append(f"{self.pool.max_memory_per_child:g} MB")
         lines = [
             f"django-dbqueue {__version__} pool {self.name}",
             f"  queues       {', '.join(self.queues)} (database {self.using})",
             f"  processes    {self.target}{bounds}, each with concurrency {self.config.concurrency}",
+            f"  recycling    {'a child past ' + ' or '.join(limits) if limits else 'off'}",
             "  stop with CONTROL-C or SIGTERM (a second one stops at once); SIGHUP restarts every child;",
             "  SIGTTIN and SIGTTOU add and remove one",
         ]

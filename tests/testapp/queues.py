@@ -81,6 +81,18 @@ def sleep(message):
     mark("done", message)
 
 
+LEAKED: list[bytes] = []
+
+
+@django_dbqueue.handler("w-leak")
+def leak(message):
+    """Keeps ``mb`` megabytes for good (a leak), written so that they are resident; then sleeps ``sleep``."""
+    mark("start", message)
+    LEAKED.append(b"\x01" * (message.payload.get("mb", 0) << 20))
+    time.sleep(message.payload.get("sleep", 0))
+    mark("done", message)
+
+
 def starts(message) -> int:
     """How often a handler of this process or another started ``message`` (from the marks file)."""
     path = os.environ.get("DBQUEUE_TEST_MARKS")

@@ -60,6 +60,18 @@ class Command(BaseCommand):
             metavar="N|auto",
             help="Run N worker processes (auto: one per CPU) under a supervisor, each with --concurrency threads.",
         )
+        pool.add_argument(
+            "--max-messages-per-child",
+            type=positive_int,
+            metavar="N",
+            help="Replace a child after N messages (its replacement starts before it stops).",
+        )
+        pool.add_argument(
+            "--max-memory-per-child",
+            type=positive_float,
+            metavar="MB",
+            help="Replace a child whose resident memory passes MB megabytes, checked between messages.",
+        )
         # A pool's child: its supervisor's row, and its end of the socket to it (worker/tether.py).
         parser.add_argument("--pool-child-of", metavar="NAME", help=argparse.SUPPRESS)
         parser.add_argument("--pool-fd", type=int, metavar="FD", help=argparse.SUPPRESS)
@@ -72,6 +84,12 @@ class Command(BaseCommand):
             raise CommandError("--pool-child-of and --pool-fd go together (a pool's supervisor gives them)")
         if is_pool and is_child:
             raise CommandError("a pool's child runs no pool of its own")
+        recycling = options["max_messages_per_child"] is not None or options["max_memory_per_child"] is not None
+        if recycling and not (is_pool or is_child):
+            raise CommandError(
+                "--max-messages-per-child and --max-memory-per-child recycle a pool's children: give --processes; "
+                "a lone worker ends after --max-messages or --max-runtime instead"
+            )
         if is_pool and options["max_messages"] is not None:
             raise CommandError(
                 "--max-messages counts one process's messages: with a pool, use --max-messages-per-child"
@@ -105,12 +123,16 @@ class Command(BaseCommand):
             schedules=options["schedules"],
             supervisor=options["pool_child_of"] or "",
             tether_fd=options["pool_fd"],
+            max_messages_per_child=options["max_messages_per_child"] if is_child else None,
+            max_memory_per_child=options["max_memory_per_child"] if is_child else None,
         )
         worker: QueueWorker | Supervisor
         try:
             if is_pool:
                 pool = PoolConfig(
                     processes=options["processes"],
+                    max_messages_per_child=options["max_messages_per_child"],
+                    max_memory_per_child=options["max_memory_per_child"],
                     verbosity=options["verbosity"],
                     json_logs=options["json_logs"],
                 )
