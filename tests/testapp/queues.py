@@ -18,6 +18,11 @@ import django_dbqueue
 if os.environ.get("DBQUEUE_TEST_BROKEN_CHILD") and "--pool-child-of" in sys.argv:
     import tests.testapp.no_such_module  # noqa: F401
 
+# A pool's children that take DBQUEUE_TEST_SLOW_CHILD_START seconds more to start (tests/test_pool.py): a pool
+# whose capacity dropped while a child starts would show a gap at least that long between two finished messages.
+if os.environ.get("DBQUEUE_TEST_SLOW_CHILD_START") and "--pool-child-of" in sys.argv:
+    time.sleep(float(os.environ["DBQUEUE_TEST_SLOW_CHILD_START"]))
+
 
 def mark(event: str, message) -> None:
     path = os.environ.get("DBQUEUE_TEST_MARKS")
