@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
+from typing import Any, ClassVar, Self, TypeVar, cast
 
 from django.db import models
 from django.db.models import Q
@@ -16,10 +16,8 @@ from ..db.transactions import write_transaction
 from ..exceptions import AlreadyReplayed, DuplicateKey, InvalidOption
 from ..validation import storable_result, storable_text
 from .fields import NameField
+from .protocols import Live, LiveMessage
 from .statements import ARCHIVE_TABLE, COPIED, attribute, message_model
-
-if TYPE_CHECKING:
-    from .messages import Message
 
 
 class Outcome(models.TextChoices):
@@ -76,9 +74,7 @@ class ArchivedMessageQuerySet(models.QuerySet[Row]):
             if on_batch is not None:
                 on_batch(deleted)
 
-    def replay(
-        self, pk: int, build: Callable[[ArchivedMessage], Message], *, by: str = "", force: bool = False
-    ) -> Message:
+    def replay(self, pk: int, build: Callable[[ArchivedMessage], Live], *, by: str = "", force: bool = False) -> Live:
         """Insert ``build(row)`` as a new live message and record the replay on archive row ``pk``.
 
         One transaction with the archive row locked, so two operators cannot
@@ -88,7 +84,7 @@ class ArchivedMessageQuerySet(models.QuerySet[Row]):
         """
         using = self.db
 
-        def run() -> Message:
+        def run() -> Live:
             with write_transaction(using):
                 row = self.select_for_update().get(pk=pk)
                 if row.outcome not in REPLAYABLE:
@@ -180,7 +176,7 @@ class ArchivedMessage(models.Model):
 
     @classmethod
     def from_live(
-        cls, message: Message, outcome: str, *, worker: str = "", error: str | None = None, result: Any = None
+        cls, message: LiveMessage, outcome: str, *, worker: str = "", error: str | None = None, result: Any = None
     ) -> ArchivedMessage:
         """The archive row for ``message`` finishing with ``outcome`` (unsaved; finished now by the database clock).
 

@@ -15,7 +15,7 @@ import socket
 import uuid
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .. import validation
 from ..conf import database_for, queue_options
@@ -25,10 +25,8 @@ from ..db.transactions import short_transaction, write_transaction
 from ..exceptions import InvalidOption
 from . import events, flow
 from .finishing import Finishing
+from .protocols import Live
 from .statements import claim_is_one_statement, claim_rows
-
-if TYPE_CHECKING:
-    from .messages import Message
 
 
 def default_worker_name() -> str:
@@ -36,16 +34,18 @@ def default_worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Claimed(list["Message"]):
+class Claimed(list[Any]):
     """What a claim leased, in claim order.
 
     ``retry_in``: when a rate limit held messages back, the seconds until it lets more through.
+    The statements build its messages from the app registry's model, which is the
+    claiming queryset's: ``Any`` here, ``list[Live]`` as `Claiming.claim` returns it.
     """
 
     retry_in: float | None = None
 
 
-class Claiming(Finishing):
+class Claiming(Finishing[Live]):
     """The claim, on top of the reads, inserts, leases and finishes it composes with."""
 
     def any_claimable(self, queues: Iterable[str]) -> bool:
@@ -71,7 +71,7 @@ class Claiming(Finishing):
         *,
         visibility_timeout: float | timedelta | None = None,
         worker: str | None = None,
-    ) -> list[Message]:
+    ) -> list[Live]:
         """Lease up to ``limit`` claimable messages of ``queues`` in one short transaction.
 
         ``SELECT ... FOR UPDATE SKIP LOCKED`` walking the claim index, then one

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import traceback
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db.models import F
 
@@ -22,10 +22,8 @@ from ..db.clock import DbNow
 from ..db.errors import with_retries
 from ..exceptions import InvalidOption
 from . import events, landed
-from .archive import Outcome
-
-if TYPE_CHECKING:
-    from .messages import Message
+from .archive import ArchivedMessage, Outcome
+from .protocols import LiveMessage
 
 
 def error_text(error: BaseException | str) -> str:
@@ -35,7 +33,7 @@ def error_text(error: BaseException | str) -> str:
     return validation.storable_text(str(error))
 
 
-def backoff_delay(message: Message) -> float:
+def backoff_delay(message: LiveMessage) -> float:
     """Seconds before retry number ``attempts``: exponential, capped, with jitter."""
     options = queue_options(message.queue)
     exponent = min(max(message.attempts - 1, 0), 64)  # 2**64 seconds is past any cap already
@@ -43,40 +41,52 @@ def backoff_delay(message: Message) -> float:
     return delay * (1 + random.uniform(-options.backoff_jitter, options.backoff_jitter)) if delay else 0.0
 
 
+def _finish(message: LiveMessage, outcome: str, **row: Any) -> bool:
+    """Archive ``message`` as ``outcome`` while its holder's lease holds; its signal when that is done."""
+    # The manager's methods are typed on the queryset (`finishing.Finishing.finish`), not on the protocol.
+    finished: tuple[bool, ArchivedMessage | None] = (
+        type(message).objects.using(message._state.db or "default").finish(message, outcome, **row)
+    )
+    done, archived = finished
+    if done:
+        events.finished(message, outcome, archived, row)
+    return done
+
+
 class ConsumerActions:
-    """Mixed into `Message`: the lease holder's operations."""
+    """Mixed into `Message`: the lease holder's operations.
 
-    # Each method's ``self`` is a Message; mypy reports a self type narrower
-    # than the mixin as [misc], hence the ignores on the signatures.
+    Each method's ``self`` is a `Message`; what they use of it is `LiveMessage`.
+    """
 
+    # The columns written, declared for the type checker (else mypy takes
+    # ``self.lease_token = None`` for an attribute of this class, typed None).
+    lease_token: str | None
+    last_error: str
+    deferrals: int
     # Seconds until the retry that this instance's `fail` scheduled (for the worker's line), else None.
     retry_in: float | None = None
 
-    def _finish(self: Message, outcome: str, **row: Any) -> bool:  # type: ignore[misc]
-        done, archived = type(self).objects.using(self._state.db or "default").finish(self, outcome, **row)
-        if done:
-            events.finished(self, outcome, archived, row)
-        return done
-
-    def ack(self: Message, *, worker: str | None = None, result: Any = None) -> bool:  # type: ignore[misc]
+    def ack(self: LiveMessage, *, worker: str | None = None, result: Any = None) -> bool:
         """Finish successfully: archived as acked (unless the queue's ARCHIVE is off) and deleted.
 
         ``result`` (the handler's return value) is kept in the archive when it is JSON.
         """
-        return self._finish(Outcome.ACKED, worker=worker or "", result=result)
+        return _finish(self, Outcome.ACKED, worker=worker or "", result=result)
 
-    def archive_cancelled(self: Message, reason: str = "cancelled while it ran") -> bool:  # type: ignore[misc]
+    def archive_cancelled(self: LiveMessage, reason: str = "cancelled while it ran") -> bool:
         """Archive as cancelled under the caller's lease: its handler stopped for a cancel request."""
-        return self._finish(Outcome.CANCELLED, error=validation.storable_text(reason))
+        return _finish(self, Outcome.CANCELLED, error=validation.storable_text(reason))
 
-    def fail(self: Message, error: BaseException | str, *, retry: bool = True) -> bool:  # type: ignore[misc]
+    def fail(self: LiveMessage, error: BaseException | str, *, retry: bool = True) -> bool:
         """Record a failed attempt: back in the queue after a backoff, or dead when none are left."""
         text = error_text(error)
         if retry and self.attempts_left():
             delay = backoff_delay(self)
             changes = {"lease_token": None, "available_at": DbNow(delay), "last_error": text}
             landed_as = (self.claimed_by, self.attempts)
-            if type(self).objects.update_leased(self, "fail", landed_as=landed_as, **changes):
+            done: bool = type(self).objects.update_leased(self, "fail", landed_as=landed_as, **changes)
+            if done:
                 self.lease_token = None
                 self.last_error = text
                 self.retry_in = delay
@@ -84,10 +94,10 @@ class ConsumerActions:
                 return True
             return False
         self.last_error = text
-        return self._finish(Outcome.DEAD, error=text)
+        return _finish(self, Outcome.DEAD, error=text)
 
-    def reject(  # type: ignore[misc]
-        self: Message, *, requeue: bool = True, delay: float | timedelta | None = None, reason: str = ""
+    def reject(
+        self: LiveMessage, *, requeue: bool = True, delay: float | timedelta | None = None, reason: str = ""
     ) -> bool:
         """Give the message up: back in the queue (after ``delay``), or dead-lettered with ``reason``.
 
@@ -97,22 +107,22 @@ class ConsumerActions:
         seconds = validation.seconds(delay or 0, "delay")
         reason = validation.storable_text(str(reason))
         if not requeue:
-            return self._finish(Outcome.DEAD, error=reason or "rejected")
+            return _finish(self, Outcome.DEAD, error=reason or "rejected")
         if not self.attempts_left():
             why = f"rejected for a requeue on its last attempt ({self.attempts} of {self.max_attempts_allowed()})"
-            return self._finish(Outcome.DEAD, error=f"{reason}\n{why}".strip())
+            return _finish(self, Outcome.DEAD, error=f"{reason}\n{why}".strip())
         changes: dict[str, Any] = {"lease_token": None, "available_at": DbNow(seconds)}
         if reason:
             changes["last_error"] = reason
         landed_as = (self.claimed_by, self.attempts)
-        done = type(self).objects.update_leased(self, "reject", landed_as=landed_as, **changes)
+        done: bool = type(self).objects.update_leased(self, "reject", landed_as=landed_as, **changes)
         if done:
             self.lease_token = None
             events.failed(self, reason or self.last_error, seconds)
         return done
 
-    def snooze(  # type: ignore[misc]
-        self: Message, until: datetime | None = None, *, delay: float | timedelta | None = None, count: bool = True
+    def snooze(
+        self: LiveMessage, until: datetime | None = None, *, delay: float | timedelta | None = None, count: bool = True
     ) -> bool:
         """Put the message off to a later time without using an attempt.
 
@@ -133,22 +143,23 @@ class ConsumerActions:
         if count:
             refused = self.deferral_refused()
             if refused is not None:
-                return self._finish(Outcome.DEAD, error=refused)
+                return _finish(self, Outcome.DEAD, error=refused)
             changes["deferrals"] = F("deferrals") + 1
         landed_as = (self.claimed_by, self.attempts - 1)
-        done = type(self).objects.update_leased(self, "snooze", landed_as=landed_as, **changes)
+        done: bool = type(self).objects.update_leased(self, "snooze", landed_as=landed_as, **changes)
         if done:
             self.lease_token = None
             if count:
                 self.deferrals += 1
         return done
 
-    def extend_lease(self: Message, seconds: float | timedelta) -> bool:  # type: ignore[misc]
+    def extend_lease(self: LiveMessage, seconds: float | timedelta) -> bool:
         """Push the lease's end to ``seconds`` from now (database clock). False if the lease was lost."""
         amount = validation.seconds(seconds, "seconds", allow_zero=False)
-        return type(self).objects.update_leased(self, "extend lease of", available_at=DbNow(amount))
+        done: bool = type(self).objects.update_leased(self, "extend lease of", available_at=DbNow(amount))
+        return done
 
-    def release(self: Message) -> bool:  # type: ignore[misc]
+    def release(self: LiveMessage) -> bool:
         """Give the message back unprocessed: it keeps its place, and the claim's attempt is not counted."""
         using = self._state.db or "default"
         live = type(self).objects.using(using)

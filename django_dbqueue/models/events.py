@@ -8,7 +8,8 @@ written once.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from django.dispatch import Signal
 
@@ -16,10 +17,8 @@ from .. import signals
 from ..db.transactions import after_commit
 from . import wakeups
 from .archive import ArchivedMessage, Outcome
+from .protocols import LiveMessage
 from .statements import message_model
-
-if TYPE_CHECKING:
-    from .messages import Message
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -77,19 +76,19 @@ def _unsettled(row: ArchivedMessage) -> bool:
     )
 
 
-def enqueued(messages: list[Message], using: str) -> None:
+def enqueued(messages: Sequence[LiveMessage], using: str) -> None:
     """``message_enqueued`` for each message the call inserted (not for a live key found); workers nudged."""
     wakeups.after_enqueue(using, (m.queue for m in messages if m.was_created))
     if listened(signals.message_enqueued):
         send(signals.message_enqueued, using, [{"message": m, "queue": m.queue} for m in messages if m.was_created])
 
 
-def claimed(messages: list[Message], using: str, worker: str) -> None:
+def claimed(messages: Sequence[LiveMessage], using: str, worker: str) -> None:
     if messages and listened(signals.message_claimed):
         send(signals.message_claimed, using, [{"message": m, "queue": m.queue, "worker": worker} for m in messages])
 
 
-def failed(message: Message, error: str, delay: float) -> None:
+def failed(message: LiveMessage, error: str, delay: float) -> None:
     if listened(signals.message_failed):
         event = {"message": message, "queue": message.queue, "error": error, "delay": delay}
         send(signals.message_failed, message._state.db or "default", [event])
@@ -106,7 +105,7 @@ def signal_of(outcome: str) -> Signal:
     return by_outcome[outcome]
 
 
-def finished(message: Message, outcome: str, archived: ArchivedMessage | None, row: dict[str, Any]) -> None:
+def finished(message: LiveMessage, outcome: str, archived: ArchivedMessage | None, row: dict[str, Any]) -> None:
     """The signal of ``outcome`` (acked, dead, expired, cancelled) for one message."""
     signal = signal_of(outcome)
     if not listened(signal):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from django.db.models import Q
 
@@ -24,6 +24,7 @@ from ..db.transactions import short_transaction, write_transaction
 from . import events, landed
 from .archive import ArchivedMessage, Outcome
 from .leasing import Leasing
+from .protocols import Live, LiveMessage
 from .statements import (
     ack_in_one_statement,
     ack_leased,
@@ -36,15 +37,12 @@ from .statements import (
 )
 from .states import MessageState, held_token, state_filters
 
-if TYPE_CHECKING:
-    from .messages import Message
 
-
-class Finishing(Leasing):
+class Finishing(Leasing[Live]):
     """Deleting live messages and archiving them, atomically, under the guard each caller needs."""
 
     def finish(
-        self, message: Message, outcome: str, match: str = "lease", **row: Any
+        self, message: LiveMessage, outcome: str, match: str = "lease", **row: Any
     ) -> tuple[bool, ArchivedMessage | None]:
         """Delete ``message`` and archive it as ``outcome``, atomically.
 
@@ -91,11 +89,11 @@ class Finishing(Leasing):
         done = with_retries(using, run, what=f"{outcome} message {message.pk}")
         return done, (archived[0] if archived and done else None)
 
-    def _finished(self, message: Message, outcome: str, worker: str | None) -> bool:
+    def _finished(self, message: LiveMessage, outcome: str, worker: str | None) -> bool:
         """Whether ``message``'s lease finished it as ``outcome`` (`landed`)."""
         return message.pk in landed.finished(self.db, self, [message], outcome, worker)
 
-    def _finish_quietly(self, message: Message, outcome: str, row: Mapping[str, Any]) -> bool:
+    def _finish_quietly(self, message: LiveMessage, outcome: str, row: Mapping[str, Any]) -> bool:
         """`finish` under the lease with nobody listening: hand-written, no archive row object built.
 
         The row written is the one `ArchivedMessage.from_live` makes.
@@ -129,13 +127,13 @@ class Finishing(Leasing):
         )
 
     def ack_many(
-        self, messages: Iterable[Message], *, worker: str | None = None, results: Mapping[int, Any] | None = None
+        self, messages: Iterable[LiveMessage], *, worker: str | None = None, results: Mapping[int, Any] | None = None
     ) -> list[bool]:
         """Acknowledge a batch, one transaction per database; per message, whether its lease held."""
         messages = list(messages)
         answers = [False] * len(messages)
         for batch in _distinct_rounds(messages):
-            by_db: dict[str, list[tuple[int, Message]]] = defaultdict(list)
+            by_db: dict[str, list[tuple[int, LiveMessage]]] = defaultdict(list)
             for index, message in batch:
                 by_db[message._state.db or "default"].append((index, message))
             for using, entries in by_db.items():
@@ -153,7 +151,7 @@ class Finishing(Leasing):
                             events.finished(m, Outcome.ACKED, rows_by_id.get(m.pk), row)
         return answers
 
-    def ack_batch(self, messages: list[Message], worker: str, results: Mapping[int, Any]) -> set[int]:
+    def ack_batch(self, messages: Sequence[LiveMessage], worker: str, results: Mapping[int, Any]) -> set[int]:
         """Acknowledge messages of one database in one transaction; returns the ids whose lease held."""
         using = self.db
         tokens: dict[str, list[int]] = defaultdict(list)
@@ -217,11 +215,11 @@ class Finishing(Leasing):
 
         return with_retries(using, lambda: answered(write), what="ack_many")
 
-    def expire_batch(self, limit: int) -> tuple[list[Message], list[ArchivedMessage]]:
+    def expire_batch(self, limit: int) -> tuple[list[Live], list[ArchivedMessage]]:
         """Archive, as expired, up to ``limit`` messages past ``expires_at`` that nobody holds."""
         using = self.db
 
-        def run() -> tuple[list[Message], list[ArchivedMessage]]:
+        def run() -> tuple[list[Live], list[ArchivedMessage]]:
             with write_transaction(using):
                 rows = list(
                     self.select_for_update(skip_locked=True)
@@ -241,7 +239,7 @@ class Finishing(Leasing):
         return with_retries(using, run, what="expiry")
 
 
-def _distinct_rounds(messages: list[Message]) -> list[list[tuple[int, Message]]]:
+def _distinct_rounds(messages: list[LiveMessage]) -> list[list[tuple[int, LiveMessage]]]:
     """The batch (with each message's place in it) in rounds that hold each message id once.
 
     A batch acknowledged together is answered by id, so two handles of one
@@ -249,7 +247,7 @@ def _distinct_rounds(messages: list[Message]) -> list[list[tuple[int, Message]]]
     is answered by its own lease, and at most one of them holds. Almost
     always there is one round.
     """
-    rounds: list[list[tuple[int, Message]]] = []
+    rounds: list[list[tuple[int, LiveMessage]]] = []
     seen: list[set[int]] = []
     for index, message in enumerate(messages):
         slot = next((n for n, ids in enumerate(seen) if message.pk not in ids), len(rounds))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import IntegrityError, connections, models
 
@@ -37,10 +37,8 @@ from ..db.sql import insert_ignoring, use_index
 from ..db.transactions import write_transaction
 from ..exceptions import InvalidOption
 from .fields import NameField
+from .protocols import LiveMessage
 from .statements import MESSAGE_TABLE, _claimable_where, _message_reader, _statement, lease_rows, message_model
-
-if TYPE_CHECKING:
-    from .messages import Message
 
 UNTIL_FINISHED = "until-finished"
 # How many claimable rows a controlled claim reads for ``limit`` messages: the
@@ -319,7 +317,7 @@ def any_eligible(using: str, queue: str, options: QueueOptions) -> bool:
 
 def claim_controlled(
     using: str, queue: str, limit: int, options: QueueOptions, seconds: float, token: str, worker: str
-) -> tuple[list[Message], float | None]:
+) -> tuple[list[LiveMessage], float | None]:
     """Lease up to ``limit`` messages of a flow-controlled ``queue``, inside the caller's transaction.
 
     Returns them in claim order, and, when the rate limit held messages

@@ -1,9 +1,10 @@
 """Producing: the checks every producer's messages pass, and the one insert path.
 
-`build_message` validates and builds; `Inserting` writes, one message or a
-batch, applying a key's rules (until finished, unique window, debounce) and
-a FIFO group's turn. The model is reached through ``self.model`` and the
-app registry: this module sits below `messages` and never imports it.
+`build_unsaved` validates and builds (`messages.build_message` for
+`Message`); `Inserting` writes, one message or a batch, applying a key's
+rules (until finished, unique window, debounce) and a FIFO group's turn.
+The model is reached through ``self.model``: this module sits below
+`messages` and never imports it (it annotates with `protocols`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from django.db import IntegrityError
 
@@ -23,11 +24,9 @@ from ..db.errors import with_retries
 from ..db.transactions import write_transaction
 from ..exceptions import InvalidOption, PayloadNotSerializable, UnknownOption
 from . import events, flow
-from .statements import insert_message, insert_messages, message_model, statement_chunks
+from .protocols import Live, LiveMessage
+from .statements import insert_message, insert_messages, statement_chunks
 from .states import StateReads
-
-if TYPE_CHECKING:
-    from .messages import Message
 
 ENQUEUE_OPTIONS = frozenset(
     {
@@ -47,8 +46,8 @@ ENQUEUE_OPTIONS = frozenset(
 )
 
 
-def build_message(queue: str, payload: Any, options: dict[str, Any]) -> tuple[Message, float | None]:
-    """Validate one message's options and build it (unsaved). Returns it and its delay.
+def build_unsaved(model: type[Live], queue: str, payload: Any, options: dict[str, Any]) -> tuple[Live, float | None]:
+    """Validate one message's options and build it (unsaved), a ``model``. Returns it and its delay.
 
     The one set of checks every producer's messages pass (enqueue,
     enqueue_many, publish, the outbox, the Tasks backend, schedules, replay,
@@ -78,7 +77,7 @@ def build_message(queue: str, payload: Any, options: dict[str, Any]) -> tuple[Me
         raise InvalidOption("give delay or run_at, not both")
     expires_at = validation.aware_datetime(options.get("expires_at"), "expires_at")
     window, debounce = flow.key_rules(key, options, delay, run_at)
-    message = message_model().unsaved(
+    message = model.unsaved(
         queue=queue,
         payload=payload,
         kind=kind,
@@ -110,18 +109,18 @@ def message_headers(queue: str, kind: str, headers: Any) -> dict[str, Any]:
     return validation.validate_headers(headers)
 
 
-class Inserting(StateReads):
+class Inserting(StateReads[Live]):
     """The insert path of every producer (enqueue, enqueue_many, publish, the outbox, Tasks, schedules, replay)."""
 
-    def enqueue(self, queue: str, payload: Any, **options: Any) -> Message:
+    def enqueue(self, queue: str, payload: Any, **options: Any) -> Live:
         """Validate, insert and announce one message; see `django_dbqueue.enqueue`."""
-        message, delay = build_message(queue, payload, options)
+        message, delay = build_unsaved(self.model, queue, payload, options)
         using = database_for(queue, options.get("using") or (self.db if self.chosen_db() else None))
         self.insert_into(using, message, delay)
         events.enqueued([message], using)
         return message
 
-    def enqueue_many(self, queue: str, payloads: Iterable[Any], **options: Any) -> list[Message]:
+    def enqueue_many(self, queue: str, payloads: Iterable[Any], **options: Any) -> list[Live]:
         """Validate, insert and announce many messages in one transaction; see `django_dbqueue.enqueue_many`."""
         options = dict(options)
         queue = validation.validate_queue_name(queue)
@@ -132,22 +131,22 @@ class Inserting(StateReads):
                 "one key for many payloads would keep only the first; give keys one by one with enqueue()"
             )
         if not payloads:
-            build_message(queue, {}, options)  # bad options are refused with no payloads too
+            build_unsaved(self.model, queue, {}, options)  # bad options are refused with no payloads too
             return []
         # The options are the same for every payload: checked once, on the first message.
-        first, delay = build_message(queue, payloads[0], options)
-        headers = options.get("headers") or {}  # checked by build_message, with or without hooks
+        first, delay = build_unsaved(self.model, queue, payloads[0], options)
+        headers = options.get("headers") or {}  # checked by build_unsaved, with or without hooks
 
-        def copy(payload: Any) -> Message:
+        def copy(payload: Any) -> Live:
             # Each message its own headers, and its own trace context where hooks add one (docs/tracing.md),
-            # checked as build_message checks the first's.
+            # checked as build_unsaved checks the first's.
             own = message_headers(queue, first.kind, headers) if propagation.hooks else dict(headers)
             return first.with_payload(payload, own)
 
         pending = [(first, delay), *((copy(payload), delay) for payload in payloads[1:])]
         return self.using(using).insert_built(pending)
 
-    def insert_built(self, pending: list[tuple[Message, float | None]]) -> list[Message]:
+    def insert_built(self, pending: list[tuple[Live, float | None]]) -> list[Live]:
         """Insert built messages (with their delays) and announce the ones this call created."""
         if not pending:
             return []
@@ -155,11 +154,11 @@ class Inserting(StateReads):
         events.enqueued(result, self.db)
         return result
 
-    def insert(self, message: Message, delay: float | None) -> Message:
+    def insert(self, message: Live, delay: float | None) -> Live:
         """Insert one built, validated message (its times from the database clock): see `insert_into`."""
         return self.insert_into(self.db, message, delay)
 
-    def insert_into(self, using: str, message: Message, delay: float | None) -> Message:
+    def insert_into(self, using: str, message: Live, delay: float | None) -> Live:
         """Insert one built, validated message into database ``using`` (its times from the database clock).
 
         A keyed message whose key is live is not inserted: ``message`` becomes
@@ -197,7 +196,7 @@ class Inserting(StateReads):
         message._dbqueue_created = with_retries(using, insert, what="enqueue")
         return message
 
-    def _insert_keyed_one(self, message: Message, now: datetime | DbNow) -> bool:
+    def _insert_keyed_one(self, message: LiveMessage, now: datetime | DbNow) -> bool:
         """Insert one keyed message by its key's rules: debounce, a unique window, or plain "until finished".
 
         The one place those rules are applied, whichever producer built the
@@ -212,13 +211,13 @@ class Inserting(StateReads):
             return self._insert_in_window(message, window)
         return self._insert_or_get(message)
 
-    def _adopt(self, message: Message, live: Message) -> None:
+    def _adopt(self, message: LiveMessage, live: LiveMessage) -> None:
         """Make ``message`` (this call's, unsaved) the live one it ran into: the caller gets what is in the table."""
         message.__dict__.update({k: v for k, v in live.__dict__.items() if k != "_state"})
         message._state.adding = False
         message._state.db = self.db
 
-    def _insert_in_window(self, message: Message, window: float) -> bool:
+    def _insert_in_window(self, message: LiveMessage, window: float) -> bool:
         """Insert a keyed message unless its key was taken less than its unique window ago (or is live).
 
         The window's row and the message are written in one transaction: a
@@ -244,7 +243,7 @@ class Inserting(StateReads):
                 message.pk = None
             return False
 
-    def _debounce(self, message: Message, seconds: float, now: datetime | DbNow) -> bool:
+    def _debounce(self, message: LiveMessage, seconds: float, now: datetime | DbNow) -> bool:
         """Replace the key's waiting message (live, never run) with this one, due ``seconds`` from now; else insert.
 
         The last write wins: a locked UPDATE of the waiting row, or, when
@@ -279,7 +278,7 @@ class Inserting(StateReads):
             # Another producer inserted it first: replace its payload on the next turn.
         raise IntegrityError(f"could not debounce key {message.key!r} in queue {message.queue!r} after 10 tries")
 
-    def _move_group(self, waiting: Self, message: Message, mine: dict[str, Any], due: Any) -> bool:
+    def _move_group(self, waiting: Self, message: LiveMessage, mine: dict[str, Any], due: Any) -> bool:
         """Replace the key's waiting message of another group by a new row (a new id); False when there is none.
 
         One transaction: the old row is deleted and the new one inserted
@@ -297,7 +296,7 @@ class Inserting(StateReads):
         message._state.adding = False
         return True
 
-    def _insert_or_get(self, message: Message) -> bool:
+    def _insert_or_get(self, message: LiveMessage) -> bool:
         """Insert a keyed message unless its key is live; the unique index decides races."""
         using = self.db
         for _ in range(10):
@@ -314,7 +313,7 @@ class Inserting(StateReads):
                 # The live one finished between our insert and our read: try again.
         raise IntegrityError(f"could not insert or find key {message.key!r} in queue {message.queue!r}")
 
-    def insert_many(self, pending: list[tuple[Message, float | None]]) -> list[Message]:
+    def insert_many(self, pending: list[tuple[Live, float | None]]) -> list[Live]:
         """Insert built messages (with their delays), keyed or not, of one or more queues.
 
         One transaction, multi-row inserts, retried on the database's weather.
@@ -324,7 +323,7 @@ class Inserting(StateReads):
             return [self.insert(*pending[0])]
         return with_retries(self.db, lambda: self._insert_many(pending), what="enqueue_many")
 
-    def _insert_many(self, pending: list[tuple[Message, float | None]]) -> list[Message]:
+    def _insert_many(self, pending: list[tuple[Live, float | None]]) -> list[Live]:
         using = self.db
         batch = get_settings().enqueue_batch_size
         now = db_now(using)
@@ -363,7 +362,7 @@ class Inserting(StateReads):
                 result.append(row)
             return result
 
-    def _insert_keyed(self, keyed: list[Message], batch: int) -> dict[tuple[str, str | None], Message]:
+    def _insert_keyed(self, keyed: list[Live], batch: int) -> dict[tuple[str, str | None], Live]:
         """Insert keyed messages whose key is not live; return the live row of every key.
 
         A live message with one of these keys may finish (and its delete
@@ -371,7 +370,7 @@ class Inserting(StateReads):
         which then no longer finds it: such keys are inserted again, a
         bounded number of times.
         """
-        live: dict[tuple[str, str | None], Message] = {}
+        live: dict[tuple[str, str | None], Live] = {}
         missing = keyed
         for _ in range(10):
             for chunk in statement_chunks(self.db, missing, batch, _json_bytes):
@@ -396,12 +395,12 @@ class Inserting(StateReads):
         )
 
 
-def _json_bytes(message: Message) -> int:
+def _json_bytes(message: LiveMessage) -> int:
     """A message's payload and headers as the INSERT writes them (JSON text, non-ASCII escaped), in bytes."""
     return len(message.payload_json()) + (len(json.dumps(message.headers)) if message.headers else 2)
 
 
-def _has_key_rules(message: Message) -> bool:
+def _has_key_rules(message: LiveMessage) -> bool:
     """Whether ``message`` carries a unique window or a debounce, which its key's insert must apply."""
     return (
         getattr(message, "_dbqueue_window", None) is not None or getattr(message, "_dbqueue_debounce", None) is not None

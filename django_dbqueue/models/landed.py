@@ -31,7 +31,7 @@ and is cleared once an answer is known.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -41,28 +41,27 @@ from ..conf import queue_options
 from ..db.clock import db_now
 from ..db.errors import DATABASE_TROUBLE, outcome_unknown
 from .archive import ArchivedMessage, Outcome
+from .protocols import LiveMessage
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
-
-    from .messages import Message
 
 T = TypeVar("T")
 UNSURE = "_dbqueue_unsure"
 
 
-def unsure(message: Message) -> bool:
+def unsure(message: LiveMessage) -> bool:
     """Whether a change of this message may have landed without its answer reaching us."""
     return bool(message.__dict__.get(UNSURE))
 
 
-def settled(messages: Iterable[Message]) -> None:
+def settled(messages: Iterable[LiveMessage]) -> None:
     for message in messages:
         message.__dict__.pop(UNSURE, None)
 
 
 @contextmanager
-def watching(using: str, messages: Iterable[Message]) -> Iterator[None]:
+def watching(using: str, messages: Iterable[LiveMessage]) -> Iterator[None]:
     """Mark ``messages`` unsure when the block fails in a way that may have done its work unseen."""
     try:
         yield
@@ -73,7 +72,7 @@ def watching(using: str, messages: Iterable[Message]) -> Iterator[None]:
         raise
 
 
-def guarded(using: str, message: Message, change: Callable[[], T], landed: Callable[[], T | None], miss: T) -> T:
+def guarded(using: str, message: LiveMessage, change: Callable[[], T], landed: Callable[[], T | None], miss: T) -> T:
     """One try of a lease-guarded ``change`` of ``message``; when it misses (returns ``miss``) after an
     unsure try, ``landed()`` says whether that try's change is in the database (``None``: it is not)."""
     with watching(using, [message]):
@@ -85,12 +84,12 @@ def guarded(using: str, message: Message, change: Callable[[], T], landed: Calla
     return done
 
 
-def finisher(message: Message, worker: str | None) -> str:
+def finisher(message: LiveMessage, worker: str | None) -> str:
     """The ``finished_by`` an archive row of this lease's finish carries (as ``from_live`` writes it)."""
     return worker or message.claimed_by
 
 
-def finished_row(using: str, message: Message, outcome: str, worker: str | None) -> ArchivedMessage | None:
+def finished_row(using: str, message: LiveMessage, outcome: str, worker: str | None) -> ArchivedMessage | None:
     """The archive row of this lease's finish as ``outcome``, if it is there."""
     rows = ArchivedMessage.objects.using(using).filter(
         message_id=message.pk, outcome=outcome, claimed_at=message.claimed_at, finished_by=finisher(message, worker)
@@ -98,7 +97,9 @@ def finished_row(using: str, message: Message, outcome: str, worker: str | None)
     return rows.order_by("-id").first()
 
 
-def finished(using: str, live: QuerySet[Any], messages: list[Message], outcome: str, worker: str | None) -> set[int]:
+def finished(
+    using: str, live: QuerySet[Any], messages: Sequence[LiveMessage], outcome: str, worker: str | None
+) -> set[int]:
     """Which of ``messages`` this lease finished as ``outcome`` (``live``: the live table)."""
     if not messages:
         return set()
@@ -119,7 +120,7 @@ def finished(using: str, live: QuerySet[Any], messages: list[Message], outcome: 
     return done
 
 
-def changed(live: QuerySet[Any], message: Message, *, worker: str, attempts: int) -> bool:
+def changed(live: QuerySet[Any], message: LiveMessage, *, worker: str, attempts: int) -> bool:
     """Whether the live row shows this lease given up by its own change: no token, this claim's time,
     and the worker and attempts that change left."""
     return bool(

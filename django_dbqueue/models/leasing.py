@@ -8,7 +8,7 @@ through ``self``: this module sits below `messages` and never imports it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from django.db.models.functions import Coalesce
 
@@ -16,17 +16,15 @@ from ..db.clock import DbNow
 from ..db.errors import with_retries
 from . import landed
 from .inserting import Inserting
+from .protocols import Live, LiveMessage
 from .states import MessageState, lease_held, state_filters
 
-if TYPE_CHECKING:
-    from .messages import Message
 
-
-class Leasing(Inserting):
+class Leasing(Inserting[Live]):
     """Writes to leased (or idle) messages that leave them live (on top of the reads and the inserts)."""
 
     def update_leased(
-        self, message: Message, what: str, *, landed_as: tuple[str, int] | None = None, **changes: Any
+        self, message: LiveMessage, what: str, *, landed_as: tuple[str, int] | None = None, **changes: Any
     ) -> bool:
         """Change a message only while its lease holds; False if the lease was lost.
 

@@ -6,7 +6,9 @@ Each rule of the lifecycle (docs/design.md) is written once, in the module
 of its role, which `MessageQuerySet` is composed of: the states and the
 lease guard (`states`), inserting (`inserting`), changes under a lease
 (`leasing`), moving to the archive (`finishing`), the claim (`claiming`).
-Those modules sit below this one and never import it.
+Those modules sit below this one and never import it, not even for their
+annotations: they name a message `protocols.LiveMessage`, and their
+querysets are generic in its `protocols.Live`, bound to `Message` here.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import warnings
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Self
 
 from django.db import models
 from django.db.models.base import ModelState
@@ -25,7 +27,7 @@ from ..conf import queue_options
 from .claiming import Claimed, Claiming, default_worker_name
 from .consuming import ConsumerActions
 from .fields import NameField
-from .inserting import ENQUEUE_OPTIONS, build_message, message_headers
+from .inserting import ENQUEUE_OPTIONS, build_unsaved, message_headers
 from .reporting import HandlerReports
 from .statements import MESSAGE_TABLE
 from .states import MessageState, StateAnnotations, exhausted, held_token, lease_held, state_filters
@@ -49,8 +51,13 @@ __all__ = [
 ]
 
 
-class MessageQuerySet(Claiming):
+class MessageQuerySet(Claiming["Message"]):
     """Querysets whose methods name the states of the lifecycle: reads, inserts, leases, finishes, and the claim."""
+
+
+def build_message(queue: str, payload: Any, options: dict[str, Any]) -> tuple[Message, float | None]:
+    """Validate one message's options and build it, an unsaved `Message`; see `inserting.build_unsaved`."""
+    return build_unsaved(Message, queue, payload, options)
 
 
 # A message with every field at its default, per model class, that Message.unsaved() copies.
@@ -138,7 +145,7 @@ class Message(ConsumerActions, HandlerReports, models.Model):
         return validation.storable_text(f"{self.queue}#{self.pk}" + (f" ({self.kind})" if self.kind else ""))
 
     @classmethod
-    def _without_init(cls, fields: Iterable[tuple[str, Any]], db: str | None = None) -> Message:
+    def _without_init(cls, fields: Iterable[tuple[str, Any]], db: str | None = None) -> Self:
         """An instance holding ``fields``, made without Model.__init__: loaded from ``db``, or new when None.
 
         Model.__init__ was a sixth of a single enqueue's Python time and more
@@ -154,7 +161,7 @@ class Message(ConsumerActions, HandlerReports, models.Model):
         return message
 
     @classmethod
-    def unsaved(cls, **fields: Any) -> Message:
+    def unsaved(cls, **fields: Any) -> Self:
         """A new unsaved message with ``fields``, the others at their defaults: what ``Message(**fields)`` builds.
 
         Copies the attributes of a blank message made once. ``headers``, the
@@ -170,17 +177,17 @@ class Message(ConsumerActions, HandlerReports, models.Model):
         return message
 
     @classmethod
-    def from_row(cls, using: str, names: list[str], values: list[Any]) -> Message:
+    def from_row(cls, using: str, names: list[str], values: list[Any]) -> Self:
         """A message read from database ``using``, its fields ``names`` set to ``values`` (already converted)."""
         return cls._without_init(zip(names, values, strict=True), using)
 
-    def with_payload(self, payload: Any, headers: dict[str, Any]) -> Message:
+    def with_payload(self, payload: Any, headers: dict[str, Any]) -> Self:
         """A new unsaved message like this unsaved one, with ``payload`` (validated) and ``headers``.
 
         Copying the attributes skips Model.__init__, which was a quarter of
         ``enqueue_many``'s time for messages whose other fields are all equal.
         """
-        copy = Message.__new__(Message)
+        copy = type(self).__new__(type(self))
         copy.__dict__.update(self.__dict__)
         copy._state = ModelState()
         copy.payload = payload

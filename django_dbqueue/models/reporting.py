@@ -14,13 +14,11 @@ can read them while the handler's thread reports without a lock.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import Any
 
 from .. import validation
 from ..exceptions import Cancelled, InvalidOption
-
-if TYPE_CHECKING:
-    from .messages import Message
 
 MAX_NOTE = 255  # characters of a progress note
 
@@ -42,29 +40,31 @@ def progress_value(done: Any, total: Any = None, note: Any = "") -> dict[str, An
 class HandlerReports:
     """Mixed into `Message`: what its handler reports while it runs."""
 
-    # The columns written (Message's JSON fields), declared for the type checker.
+    # The columns used (Message's), declared for the type checker.
+    pk: Any
     progress: Any
     meta: Any
+    cancel_requested_at: datetime | None
     # Set by the heartbeat when the database says cancel was asked (or read with the row).
     _dbqueue_cancel: bool = False
     # Reports made (only the handler's thread counts) and the count the heartbeat wrote last.
     _dbqueue_reports: int = 0
     _dbqueue_written: int = 0
 
-    def cancel_requested(self: Message) -> bool:  # type: ignore[misc]
+    def cancel_requested(self) -> bool:
         """Whether an operator asked to cancel this message while it runs (seen at the worker's heartbeat)."""
         return self._dbqueue_cancel or self.cancel_requested_at is not None
 
-    def heard_cancel(self: Message) -> None:  # type: ignore[misc]
+    def heard_cancel(self) -> None:
         """The worker's heartbeat found this message flagged for cancel."""
         self._dbqueue_cancel = True
 
-    def checkpoint(self: Message) -> None:  # type: ignore[misc]
+    def checkpoint(self) -> None:
         """Raise `Cancelled` if cancel was asked: call it where stopping is safe."""
         if self.cancel_requested():
             raise Cancelled(f"message {self.pk}: cancel was asked")
 
-    def set_progress(self: Message, done: float, total: float | None = None, note: str = "") -> None:  # type: ignore[misc]
+    def set_progress(self, done: float, total: float | None = None, note: str = "") -> None:
         """Report how far the handler is; written at the next heartbeat, kept in the archive.
 
         A checkpoint too: raises `Cancelled` if cancel was asked.
@@ -73,7 +73,7 @@ class HandlerReports:
         self._dbqueue_reports += 1
         self.checkpoint()
 
-    def update_meta(self: Message, values: dict[str, Any] | None = None, /, **more: Any) -> None:  # type: ignore[misc]
+    def update_meta(self, values: dict[str, Any] | None = None, /, **more: Any) -> None:
         """Merge ``values`` into ``message.meta`` (JSON); written at the next heartbeat, kept in the archive."""
         merged = {**(self.meta or {}), **(values or {}), **more}
         if (why := validation.json_problem(merged, "meta") or validation.json_size_problem(merged, "meta")) is not None:
@@ -81,13 +81,13 @@ class HandlerReports:
         self.meta = merged  # a new dict: the heartbeat may be reading the old one
         self._dbqueue_reports += 1
 
-    def unreported(self: Message) -> tuple[int, dict[str, Any]] | None:  # type: ignore[misc]
+    def unreported(self) -> tuple[int, dict[str, Any]] | None:
         """What the handler reported since the heartbeat last wrote: ``(count, {column: value})``, else None."""
         reports = self._dbqueue_reports
         if reports == self._dbqueue_written:
             return None
         return reports, {"progress": self.progress, "meta": self.meta}
 
-    def reported(self: Message, reports: int) -> None:  # type: ignore[misc]
+    def reported(self, reports: int) -> None:
         """The heartbeat wrote the values of report number ``reports``."""
         self._dbqueue_written = reports

@@ -24,11 +24,10 @@ from ..db.errors import with_retries
 from ..db.transactions import write_transaction
 from . import events
 from .fields import NameField
-from .statements import message_model
+from .messages import Message
 
 if TYPE_CHECKING:
     from ..schedules.spec import ScheduleSpec
-    from .messages import Message
 
 SCHEDULE_TABLE = "dbqueue_schedule"
 RUN_TABLE = "dbqueue_schedule_run"
@@ -173,7 +172,7 @@ class ScheduleRunQuerySet(models.QuerySet["ScheduleRun"]):
         other's run row, and the ``covered_until`` update needs it exclusively.
         """
         using = self.db
-        live_messages = message_model().objects.using(using)
+        live_messages = Message.objects.using(using)
 
         def run() -> Fired | None:
             message.pk, message._state.adding = None, True  # afresh on a retry after the database's weather

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from django.apps import apps
 from django.db import connections
@@ -20,9 +20,7 @@ from django.db import connections
 from ..db.capabilities import statement_bytes, writable_ctes
 from ..db.clock import aware_clock, compile_now, db_now, now_plus_seconds
 from ..db.sql import array_columns, insert_returns_ids, json_param, quoter
-
-if TYPE_CHECKING:
-    from .messages import Message
+from .protocols import LiveMessage
 
 # The tables' names: a documented contract (docs/table-layout.md); the models' Meta use these.
 MESSAGE_TABLE = "dbqueue_message"
@@ -32,7 +30,7 @@ ARCHIVE_TABLE = "dbqueue_archive"
 ENQUEUED = ("queue", "kind", "key", "group_key", "payload", "headers", "priority")
 
 
-def message_model() -> type[Message]:
+def message_model() -> type[LiveMessage]:
     """The live model, from the app registry: the modules below `messages` reach it here, never by importing it."""
     return apps.get_model("django_dbqueue", "Message")
 
@@ -241,7 +239,7 @@ INSERTED = (
 )
 
 
-def inserted_values(m: Message, adapt: Callable[[Any], Any]) -> list[Any]:
+def inserted_values(m: LiveMessage, adapt: Callable[[Any], Any]) -> list[Any]:
     """One message's parameters for the columns of `INSERTED`, in order (``adapt``: for the times)."""
     return [
         m.queue,
@@ -269,7 +267,7 @@ COLUMNS = range(len(INSERTED))
 assert INSERTED[AVAILABLE_AT : CREATED_AT + 1] == CLOCKED  # insert_message() relies on the order
 
 
-def insert_message(using: str, message: Message, delay: float | None) -> None:
+def insert_message(using: str, message: LiveMessage, delay: float | None) -> None:
     """INSERT one unsaved, validated message, its times by the database's clock; sets its id and times.
 
     ``delay``: seconds from now until it is due, or None when its
@@ -379,7 +377,7 @@ def row_json_bytes(row: list[Any]) -> int:
     return len(row[PAYLOAD]) + len(row[HEADERS])
 
 
-def insert_messages(using: str, messages: list[Message], batch_size: int) -> None:
+def insert_messages(using: str, messages: Sequence[LiveMessage], batch_size: int) -> None:
     """Multi-row INSERT of unsaved, validated messages; sets their ids where the database returns them.
 
     ``bulk_create`` prepares every field of every row through the ORM, which
@@ -481,7 +479,7 @@ def _message_reader(using: str) -> tuple[str, Any]:
     ]
     converters = [(i, funcs, col) for i, funcs, col in converters if funcs]
 
-    def build(row: Any) -> Message:
+    def build(row: Any) -> LiveMessage:
         values = list(row[: len(names)])
         for i, funcs, col in converters:
             for convert in funcs:
@@ -564,7 +562,7 @@ def claim_is_one_statement(using: str) -> bool:
 
 def claim_rows(
     using: str, queue: str, limit: int, max_attempts: int, seconds: float, token: str, worker: str
-) -> list[Message]:
+) -> list[LiveMessage]:
     """Lease up to ``limit`` claimable messages of ``queue`` for ``seconds``; returns them in claim order.
 
     PostgreSQL: one statement (``UPDATE ... FROM`` a ``SELECT ... FOR UPDATE
@@ -589,7 +587,7 @@ def claim_rows(
     return lease_rows(using, rows, seconds, token, worker)
 
 
-def lease_rows(using: str, rows: list[Any], seconds: float, token: str, worker: str) -> list[Message]:
+def lease_rows(using: str, rows: list[Any], seconds: float, token: str, worker: str) -> list[LiveMessage]:
     """Lease rows a claim's SELECT locked (its columns, then the clock it read): one UPDATE; their messages.
 
     The claim's clock is the lease's start (``claimed_at``) and, plus
@@ -627,7 +625,7 @@ def finish_is_one_statement(using: str) -> bool:
     return writable_ctes(using)
 
 
-def finish_leased(using: str, message: Message, outcome: str, row: Mapping[str, Any] | None) -> bool:
+def finish_leased(using: str, message: LiveMessage, outcome: str, row: Mapping[str, Any] | None) -> bool:
     """Delete ``message`` while its holder's lease holds and, with ``row``, archive it; whether the lease held.
 
     ``row`` holds the archive row's values that do not come from the

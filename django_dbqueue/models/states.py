@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Self, TypedDict
+from typing import Any, Self, TypedDict
 
 from django.db import models
 from django.db.models import Case, Count, F, Min, Q, Value, When
@@ -20,10 +20,8 @@ from .. import validation
 from ..db.clock import DbNow, db_now
 from ..exceptions import NotClaimed
 from .archive import ArchivedMessage
+from .protocols import Live, LiveMessage
 from .statements import MESSAGE_TABLE, distinct_leading
-
-if TYPE_CHECKING:
-    from .messages import Message
 
 
 class MessageState(models.TextChoices):
@@ -62,7 +60,7 @@ def lease_held(token: str, ids: Iterable[int]) -> Q:
     return Q(pk__in=list(ids), lease_token=token, available_at__gt=DbNow())
 
 
-def held_token(message: Message) -> str:
+def held_token(message: LiveMessage) -> str:
     """The lease token of a claimed message; NotClaimed when it has none."""
     if message.pk is None or not message.lease_token:
         raise NotClaimed(f"message {message.pk} is not claimed (it has no lease token); claim it first")
@@ -74,8 +72,12 @@ def exhausted(max_attempts: int) -> Q:
     return Q(lease_token__isnull=False, attempts__gte=Coalesce("max_attempts", Value(max_attempts)))
 
 
-class StateReads(models.QuerySet["Message"]):
-    """Querysets whose methods name the states of the lifecycle, and the reads built on them."""
+# QuerySet wants a Model for its rows, which a Protocol cannot say it is: `Live` is `Message` once bound.
+class StateReads(models.QuerySet[Live]):  # type: ignore[type-var]
+    """Querysets whose methods name the states of the lifecycle, and the reads built on them.
+
+    Generic in the model (`Live`): `MessageQuerySet` binds it to `Message`.
+    """
 
     def chosen_db(self) -> str | None:
         """The alias given to ``using()``, if any: without one, the queue's routing picks the database."""
@@ -146,7 +148,7 @@ class StateReads(models.QuerySet["Message"]):
         oldest = qs.aggregate(oldest=Min("available_at"))["oldest"]
         return None if oldest is None else max(db_now(self.db) - oldest, timedelta(0))
 
-    def leased(self, message: Message) -> Self:
+    def leased(self, message: LiveMessage) -> Self:
         """The queryset that matches ``message`` only while its holder's lease holds (`lease_held`)."""
         return self.filter(lease_held(held_token(message), [message.pk]))
 
@@ -164,14 +166,14 @@ class StateReads(models.QuerySet["Message"]):
             changes["attempts"] = F("attempts") - 1
         return self.filter(lease_token__isnull=False).update(**changes)
 
-    def take_first(self, queue: str) -> Message | None:
+    def take_first(self, queue: str) -> Live | None:
         """Remove and return the oldest message of a queue that only its one reader consumes (a reply queue)."""
         found = self.filter(queue=queue).order_by("id").first()
         if found is not None:
             self.filter(pk=found.pk)._raw_delete(self.db)
         return found
 
-    def locate(self, pk: int, **match: Any) -> Message | ArchivedMessage | None:
+    def locate(self, pk: int, **match: Any) -> Live | ArchivedMessage | None:
         """The live message ``pk``, else its newest archive row, else None.
 
         A message keeps its id in the archive as ``message_id``; ``match``

@@ -81,7 +81,8 @@ def message_outcomes(using: str, ids: list[int]) -> dict[int, str]:
     if not ids:
         return {}
     live = Message.objects.using(using).filter(pk__in=ids).with_state()
-    found = dict(live.values_list("pk", "current_state"))
+    # django-stubs checks the names against Message's fields; it cannot see what with_state() annotates.
+    found = dict(live.values_list("pk", "current_state"))  # type: ignore[misc]
     archived = ArchivedMessage.objects.using(using).filter(message_id__in=[pk for pk in ids if pk not in found])
     for message_id, outcome in archived.order_by("id").values_list("message_id", "outcome"):
         found[message_id] = outcome  # the newest row wins
