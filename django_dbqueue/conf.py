@@ -218,6 +218,12 @@ GLOBAL_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     # (it wakes sooner for a slot), and how long the record of each firing is kept.
     "SCHEDULER_INTERVAL": (5.0, _number(0.1, HOUR)),
     "SCHEDULE_RETENTION_DAYS": (7, _number(0, 36500, allow_none=True)),
+    # An autoscaled pool (runqueueworker --autoscale; docs/workers.md, "Autoscaling"): it grows
+    # when a queue's next message has waited AUTOSCALE_WAIT seconds, shrinks after AUTOSCALE_IDLE
+    # seconds with one child's capacity unused, and reads its backlog every AUTOSCALE_INTERVAL.
+    "AUTOSCALE_WAIT": (2.0, _number(0.1, DAY)),
+    "AUTOSCALE_IDLE": (30.0, _number(1, DAY)),
+    "AUTOSCALE_INTERVAL": (1.0, _number(0.1, HOUR)),
     # Topics and the queues subscribed to them, beside the Subscription table.
     "TOPICS": ({}, _topics),
     # "immediate": every enqueued message runs in the enqueuing process once
@@ -284,6 +290,9 @@ class DbQueueSettings:
     reap_batch_size: int
     scheduler_interval: float
     schedule_retention_days: float | None
+    autoscale_wait: float
+    autoscale_idle: float
+    autoscale_interval: float
     topics: dict[str, list[str]]
     mode: str
     metrics: bool

@@ -129,6 +129,12 @@ if os.environ.get("DBQUEUE_TEST_SCHEDULES"):
 
     DBQUEUE["SCHEDULES"] = json.loads(os.environ["DBQUEUE_TEST_SCHEDULES"])
 
+# Settings of the DBQUEUE dict for the processes a test starts (tests/test_pool.py): JSON merged into it.
+if os.environ.get("DBQUEUE_TEST_SETTINGS"):
+    import json
+
+    DBQUEUE.update(json.loads(os.environ["DBQUEUE_TEST_SETTINGS"]))
+
 # Django's Tasks framework (django.tasks, or the django-tasks backport on 5.2),
 # served by django-dbqueue; tests/testapp/tasks.py holds the tasks.
 TASKS = {

@@ -58,6 +58,27 @@ def test_postgres_plan_uses_the_claim_index_without_sort(claim_sql):
     assert "Seq Scan" not in plan and "Sort" not in plan, plan
 
 
+@pytest.fixture
+def backlog_sql(claim_sql):
+    """The read an autoscaled pool makes of one queue (``next_waits``), over the claim fixture's table."""
+    with CaptureQueriesContext(connection) as queries:
+        waits = Message.objects.next_waits(["claims"])
+    assert waits["claims"] is not None
+    [select] = [q["sql"] for q in queries.captured_queries if "dbqueue_message" in q["sql"]]
+    return select
+
+
+def test_the_autoscaler_s_reading_walks_the_claim_index_and_stops_at_its_first_row(backlog_sql):
+    if connection.vendor == "mysql":
+        text = json.dumps(json.loads(explain(backlog_sql, "EXPLAIN FORMAT=JSON")[0][0]))
+        assert '"key": "dbqueue_msg_claim"' in text, text
+        assert '"access_type": "ALL"' not in text and "filesort" not in text, text
+    else:
+        plan = "\n".join(row[0] for row in explain(backlog_sql, "EXPLAIN"))
+        assert "dbqueue_msg_claim" in plan and "Limit" in plan, plan
+        assert "Seq Scan" not in plan and "Sort" not in plan, plan
+
+
 def flush_statistics() -> None:
     """Send this session's pending statistics to the server now (PostgreSQL 15+; earlier: within a second)."""
     if connection.pg_version >= 150000:

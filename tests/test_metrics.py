@@ -29,10 +29,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def counting():
     """Metrics on in this process for one test; the database's reading is not cached across tests."""
     database._cache.clear()
+    database._pool_cache.clear()
     metrics.enable()
     yield
     metrics.disable()
     database._cache.clear()
+    database._pool_cache.clear()
 
 
 def sample(name, **labels_):
@@ -111,6 +113,20 @@ def test_the_view_shows_depth_and_oldest_age_from_the_database(client, counting)
     assert 'dbqueue_queue_depth{queue="m-view",state="ready"} 3.0' in client.get("/metrics").content.decode()
     database._cache.clear()
     assert 'dbqueue_queue_depth{queue="m-view",state="ready"} 4.0' in client.get("/metrics").content.decode()
+
+
+def test_the_view_shows_each_pool_s_size_and_events_from_its_supervisor_s_row(client, counting):
+    from django_dbqueue.models import Worker
+
+    state = {"processes": 3, "target": 4, "started": 5, "restarted": 1, "recycled": 0, "grown": 3, "shrunk": 1}
+    Worker.objects.register("web-1:40:abc", ["m-view"], 2, pool=state)
+    Worker.objects.register("web-1:41:def", ["m-view"], 2, supervisor="web-1:40:abc")  # a child: no series
+    text = client.get("/metrics").content.decode()
+    assert 'dbqueue_pool_processes{pool="web-1:40:abc"} 3.0' in text
+    assert 'dbqueue_pool_target_processes{pool="web-1:40:abc"} 4.0' in text
+    assert 'dbqueue_pool_events_total{event="grown",pool="web-1:40:abc"} 3.0' in text
+    assert 'dbqueue_pool_events_total{event="restarted",pool="web-1:40:abc"} 1.0' in text
+    assert "web-1:41:def" not in text
 
 
 def test_labels_stay_bounded(monkeypatch):

@@ -382,13 +382,14 @@ def test_a_child_killed_mid_message_is_replaced_and_its_message_runs_again(pools
 
 @pytest.mark.slow
 def test_an_import_error_in_the_children_stops_the_pool_with_status_1_and_one_line(pools):
-    pool = pools.start("w-ok", "--processes", 2, DBQUEUE_TEST_BROKEN_CHILD="1")
+    pool = pools.start("w-ok", "--processes", 3, DBQUEUE_TEST_BROKEN_CHILD="1")
     status, output = pools.finish(pool)
     assert status == ExitStatus.ERROR, output
     errors = [line for line in output.splitlines() if "exited before they were ready" in line]
     assert len(errors) == 1 and "the pool stops" in errors[0]
-    # A few starts, not a storm: three failures in a row stop it (a fourth may have been under way).
-    assert 3 <= output.count("No module named 'tests.testapp.no_such_module'") <= 4
+    # A few starts, not a storm: three failures in a row stop the pool (the first to fail may have been
+    # started again a second later, before the third failed on a slow machine).
+    assert output.count("No module named 'tests.testapp.no_such_module'") in (3, 4)
     assert not Worker.objects.exists()
 
 
@@ -490,12 +491,12 @@ def test_sigttin_adds_a_child_and_sigttou_removes_one(pools):
 def test_until_empty_ends_the_pool_and_the_reaper_and_schedules_run_once(pools):
     ids = [m.pk for m in django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(40)])]
     tick = json.dumps({"pool-tick": {"EVERY": 3600, "QUEUE": "w-sleep"}})
-    pool = pools.start("w-ok", "--processes", 3, "--until-empty", "--reap", "-v", 2, DBQUEUE_TEST_SCHEDULES=tick)
+    pool = pools.start("w-ok", "--processes", 2, "--until-empty", "--reap", "-v", 2, DBQUEUE_TEST_SCHEDULES=tick)
     status, output = pools.finish(pool)
     assert status == ExitStatus.OK, output
     assert ArchivedMessage.objects.filter(message_id__in=ids, outcome=Outcome.ACKED).count() == 40
     banners = re.findall(r"concurrency  1, batch size 1, schedules (\w+).*, reaper (\w+)", output)
-    assert sorted(banners) == [("off", "off"), ("off", "off"), ("on", "on")]
+    assert sorted(banners) == [("off", "off"), ("on", "on")]
     assert "every child found the queues empty" in output
     assert not Worker.objects.exists()
 
@@ -534,3 +535,102 @@ def test_children_are_recycled_at_their_limits_while_messages_keep_flowing(pools
     assert second in workers and len(workers) == 2  # the second child, then its replacement
     # One process, and never none at work: the replacement was ready before its predecessor stopped.
     assert largest_gap(leaks) < SLOW_START
+
+
+# --- autoscaling ---------------------------------------------------------------------
+
+
+def reading(held: int = 0, **waits):
+    from django_dbqueue.worker.autoscale import Reading
+
+    return Reading(waits=waits or {"q": None}, held=held)
+
+
+def test_the_autoscaler_grows_one_child_at_a_time_while_messages_wait():
+    from django_dbqueue.worker.autoscale import Autoscaler
+
+    scaler = Autoscaler(1, 3, wait=2.0, idle=30.0)
+    assert scaler.decide(reading(q=1.9), size=1, starting=0, per_child=1, now=0) is None  # not long enough
+    assert scaler.decide(reading(q=2.5, r=None), size=1, starting=0, per_child=1, now=1) == (
+        2,
+        "grew to 2: the next message of q has waited 2.5s",
+    )
+    assert scaler.decide(reading(q=3.5), size=2, starting=1, per_child=1, now=2) is None  # the last is starting
+    assert scaler.decide(reading(q=4.0, r=9.0), size=2, starting=0, per_child=1, now=3)[0] == 3
+    assert scaler.decide(reading(q=9.0), size=3, starting=0, per_child=1, now=4) is None  # at MAX
+
+
+def test_the_autoscaler_shrinks_after_an_idle_period_with_a_child_s_capacity_unused():
+    from django_dbqueue.worker.autoscale import Autoscaler
+
+    scaler = Autoscaler(1, 3, wait=2.0, idle=30.0)
+    assert scaler.decide(reading(held=2), size=3, starting=0, per_child=2, now=0) is None  # the idle clock starts
+    assert scaler.decide(reading(held=4), size=3, starting=0, per_child=2, now=29) is None
+    assert scaler.decide(reading(held=4), size=3, starting=0, per_child=2, now=31) == (
+        2,
+        "shrank to 2: one child's capacity unused for 30s",
+    )
+    assert scaler.decide(reading(held=2), size=2, starting=0, per_child=2, now=50) is None  # a new period
+    assert scaler.decide(reading(held=3), size=2, starting=0, per_child=2, now=70) is None  # busy: clock reset
+    assert scaler.decide(reading(held=0), size=2, starting=0, per_child=2, now=71) is None
+    assert scaler.decide(reading(held=0, q=2.0), size=2, starting=0, per_child=2, now=95)[0] == 3  # a backlog
+    assert scaler.decide(reading(held=0), size=3, starting=0, per_child=2, now=96) is None  # starts afresh
+    assert scaler.decide(reading(held=0), size=3, starting=0, per_child=2, now=126)[0] == 2
+    assert scaler.decide(reading(held=0), size=1, starting=0, per_child=2, now=500) is None  # at MIN
+
+
+def test_the_backlog_is_read_per_queue_from_the_message_a_claim_would_take_next():
+    from datetime import timedelta
+
+    old = django_dbqueue.enqueue("a-q1", {}, priority=5)
+    django_dbqueue.enqueue("a-q1", {})  # claimed first (priority 0), and just enqueued
+    django_dbqueue.enqueue("a-q2", {}, delay=3600)  # scheduled: nothing waits
+    Message.objects.filter(pk=old.pk).update(available_at=old.available_at - timedelta(seconds=60))
+    waits = Message.objects.next_waits(["a-q1", "a-q2", "a-q3"])
+    assert waits["a-q1"] < 30 and waits["a-q2"] is None and waits["a-q3"] is None
+    claimed = Message.objects.claim("a-q1", 1, worker="child-1")
+    assert Message.objects.next_waits(["a-q1"])["a-q1"] > 59  # now the old one is next
+    assert Message.objects.held_by(["child-1", "child-2"]) == len(claimed) == 1
+    assert Message.objects.held_by([]) == 0
+
+
+def test_autoscale_bounds_are_checked():
+    with pytest.raises(CommandError, match="'3,1' is not MIN,MAX"):
+        call_command("runqueueworker", "w-ok", "--autoscale", "3,1")
+    with pytest.raises(CommandError, match="'0,2' is not MIN,MAX"):
+        call_command("runqueueworker", "w-ok", "--autoscale", "0,2")
+    with pytest.raises(CommandError, match="not both"):
+        call_command("runqueueworker", "w-ok", "--autoscale", "1,2", "--processes", "2")
+
+
+@pytest.mark.slow
+def test_autoscale_grows_to_its_max_under_a_backlog_and_back_to_its_min_when_idle(pools, tmp_path):
+    marks = tmp_path / "marks"
+    fast = json.dumps({"AUTOSCALE_WAIT": 1.0, "AUTOSCALE_IDLE": 3.0, "AUTOSCALE_INTERVAL": 0.5})
+    pool = pools.start("w-sleep", "--autoscale", "1,3", "-v", 2, marks=marks, DBQUEUE_TEST_SETTINGS=fast)
+    wait_for_children(pool.pid, 1)
+    ids = [m.pk for m in django_dbqueue.enqueue_many("w-sleep", [{"sleep": 1}] * 24)]  # slow messages
+    sizes = []
+
+    def drained():
+        state = supervisor_row(pool.pid).pool
+        sizes.append(state["processes"])
+        return ArchivedMessage.objects.filter(message_id__in=ids).count() == len(ids)
+
+    wait_for(drained, timeout=120, interval=0.2, what="the backlog to drain")
+    assert max(sizes) == 3
+    wait_for_children(pool.pid, 1, timeout=60)  # idle: back to one, a child at a time
+    # The supervisor's row says so at its next heartbeat.
+    state = wait_for(lambda: (row := supervisor_row(pool.pid).pool)["shrunk"] == 2 and row, what="the row")
+    assert (state["processes"], state["min"], state["max"], state["grown"], state["shrunk"]) == (1, 1, 3, 2, 2)
+    assert state["decision"] == "shrank to 1: one child's capacity unused for 3s"
+    pool.send_signal(signal.SIGTERM)
+    status, output = pools.finish(pool)
+    assert status == ExitStatus.OK, output
+    assert re.findall(r"pool \S+: (grew to \d|shrank to \d)", output) == [
+        "grew to 2",
+        "grew to 3",
+        "shrank to 2",
+        "shrank to 1",
+    ]
+    assert Counter(pk for event, pk, _ in read_marks(marks) if event == "done") == Counter(ids)

@@ -74,8 +74,10 @@ def autoscale(text: str) -> tuple[int, int]:
     except ValueError:
         bounds = None
     if bounds is None or not 1 <= bounds[0] <= bounds[1] <= MAX_PROCESSES:
+        swapped = " (Celery writes MAX,MIN; here the smaller comes first)" if bounds and bounds[0] > bounds[1] else ""
         raise ArgumentTypeError(
-            f"{text!r} is not MIN,MAX: two whole numbers of processes, 1 <= MIN <= MAX <= {MAX_PROCESSES} (such as 2,8)"
+            f"{text!r} is not MIN,MAX: two whole numbers of processes, 1 <= MIN <= MAX <= {MAX_PROCESSES} "
+            f"(such as 2,8){swapped}"
         )
     return bounds
 

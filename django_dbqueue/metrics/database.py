@@ -1,4 +1,5 @@
-"""Metrics read from the database: queue depth by state and the oldest ready message's age, cached.
+"""Metrics read from the database: queue depth by state and the oldest ready message's age, and the pools'
+sizes and events from their supervisors' rows, cached.
 
 Every scrape of every process would otherwise count the queue table; the
 reading is kept ``CACHE_SECONDS`` per database.
@@ -12,10 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.db import connections
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..models import Message
+from ..models import Message, Worker
 from .labels import OTHER, queue_label
 
 CACHE_SECONDS = 5.0
@@ -23,7 +24,22 @@ CACHE_SECONDS = 5.0
 MAX_QUEUES = 200
 
 _cache: dict[str, tuple[float, dict[str, dict[str, float]]]] = {}
+_pool_cache: dict[str, tuple[float, dict[str, dict[str, Any]]]] = {}
 _lock = threading.Lock()
+# What a supervisor's row counts since it started (worker/supervisor.py, pool_state).
+POOL_EVENTS = ("started", "restarted", "recycled", "grown", "shrunk")
+
+
+def read_pools(using: str) -> dict[str, dict[str, Any]]:
+    """``{supervisor name: its pool's state}`` of the pools on ``using``, at most CACHE_SECONDS old."""
+    with _lock:
+        cached = _pool_cache.get(using)
+        if cached is not None and time.monotonic() - cached[0] < CACHE_SECONDS:
+            return cached[1]
+        rows = Worker.objects.using(using).filter(pool__isnull=False).values_list("name", "pool")
+        values = {name: pool for name, pool in rows if isinstance(pool, dict)}
+        _pool_cache[using] = (time.monotonic(), values)
+        return values
 
 
 def read(using: str) -> dict[str, dict[str, float]]:
@@ -61,8 +77,22 @@ class DatabaseCollector(Collector):
         age = GaugeMetricFamily(
             "dbqueue_oldest_ready_age_seconds", "How long the oldest ready message has waited.", labels=["queue"]
         )
+        processes = GaugeMetricFamily(
+            "dbqueue_pool_processes", "A pool's child processes at work (runqueueworker --processes).", labels=["pool"]
+        )
+        target = GaugeMetricFamily(
+            "dbqueue_pool_target_processes",
+            "The children a pool aims at (autoscaled: between MIN and MAX).",
+            labels=["pool"],
+        )
+        events = CounterMetricFamily(
+            "dbqueue_pool_events",
+            "Children a pool started, restarted after a death, recycled, and its autoscaling's steps.",
+            labels=["pool", "event"],
+        )
         try:
             values = read(self.using)
+            pools = read_pools(self.using)
         finally:
             if self.close:
                 connections[self.using].close()
@@ -70,5 +100,13 @@ class DatabaseCollector(Collector):
             for state in ("ready", "scheduled", "in_flight"):
                 depth.add_metric([queue, state], entry[state])
             age.add_metric([queue], entry["oldest_ready_age"])
+        for name, pool in sorted(pools.items()):
+            processes.add_metric([name], pool.get("processes", 0))
+            target.add_metric([name], pool.get("target", 0))
+            for event in POOL_EVENTS:
+                events.add_metric([name, event], pool.get(event, 0))
         yield depth
         yield age
+        yield processes
+        yield target
+        yield events

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import validation
 from ..conf import database_for, queue_options
-from ..db.clock import DbNow
+from ..db.clock import DbNow, db_now
 from ..db.errors import DATABASE_TROUBLE, outcome_unknown, with_retries
 from ..db.transactions import short_transaction, write_transaction
 from ..exceptions import InvalidOption
@@ -61,6 +61,35 @@ class Claiming(Finishing[Live]):
         if options.ordered or options.group_concurrency or options.kind_group_concurrency:
             return flow.any_eligible(self.db, queue, options)
         return self.filter(queue=queue).claimable(options.max_attempts).exists()
+
+    def next_waits(self, queues: Iterable[str]) -> dict[str, float | None]:
+        """Per queue, the seconds the message a claim would take next has waited; None when none waits.
+
+        An autoscaled pool's measure of its backlog (docs/workers.md,
+        "Autoscaling"): one read of the database's clock, then one read per
+        queue that walks the claim index in claim order and stops at the
+        first claimable row (``LIMIT 1``), as the claim does. A message given
+        back keeps its place, and its wait. On a queue with group rules, a
+        backlog that the rules hold back (no claim would take any of it) does
+        not count: more processes would not run it sooner.
+        """
+        now = db_now(self.db)
+        waits: dict[str, float | None] = {}
+        for queue in queues:
+            options = queue_options(queue)
+            head = (
+                self.filter(queue=queue)
+                .claimable(options.max_attempts)
+                .order_by("priority", "available_at", "id")
+                .values_list("available_at", flat=True)
+                .first()
+            )
+            grouped = options.ordered or options.group_concurrency or options.kind_group_concurrency
+            if head is None or (grouped and not flow.any_eligible(self.db, queue, options)):
+                waits[queue] = None
+            else:
+                waits[queue] = max(0.0, (now - head).total_seconds())
+        return waits
 
     # --- claiming --------------------------------------------------------------
 

@@ -148,6 +148,11 @@ class StateReads(models.QuerySet[Live]):  # type: ignore[type-var]
         oldest = qs.aggregate(oldest=Min("available_at"))["oldest"]
         return None if oldest is None else max(db_now(self.db) - oldest, timedelta(0))
 
+    def held_by(self, workers: Iterable[str]) -> int:
+        """How many messages ``workers`` (worker names) hold leases on now, read off the claimed_by index."""
+        names = list(workers)
+        return self.filter(claimed_by__in=names, lease_token__isnull=False).count() if names else 0
+
     def leased(self, message: LiveMessage) -> Self:
         """The queryset that matches ``message`` only while its holder's lease holds (`lease_held`)."""
         return self.filter(lease_held(held_token(message), [message.pk]))

@@ -58,8 +58,10 @@ from ..conf import database_for, get_settings
 from ..console import event
 from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import InvalidOption
+from ..models import Message, QueueState
 from ..models import Worker as WorkerRow
 from ..validation import validate_queues
+from .autoscale import Autoscaler, Reading
 from .config import ExitStatus, WorkerConfig
 from .lifecycle import Ending, Lifecycle
 from .tether import NOW, STOP
@@ -190,6 +192,12 @@ class Supervisor:
         dbq = get_settings()
         self.grace = dbq.shutdown_grace if config.grace is None else config.grace
         self.heartbeat_interval = dbq.heartbeat_interval
+        self.autoscale_interval = dbq.autoscale_interval
+        self.autoscaler: Autoscaler | None = None
+        if pool.min_processes is not None and pool.max_processes is not None:
+            self.autoscaler = Autoscaler(
+                pool.min_processes, pool.max_processes, wait=dbq.autoscale_wait, idle=dbq.autoscale_idle
+            )
         self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.command = list(command) if command is not None else child_command()
         self.env = child_environment() if command is None else dict(os.environ)
@@ -211,6 +219,7 @@ class Supervisor:
         self._previous_handlers: dict[int, Any] = {}
         self._previous_wakeup = -1
         self._dead_rows: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._readings: queue.SimpleQueue[Reading] = queue.SimpleQueue()
         self._state_lock = threading.Lock()
         self._state: dict[str, Any] = {}
         self._selector = selectors.DefaultSelector()
@@ -411,6 +420,9 @@ class Supervisor:
         elif ending == Ending.CRASH:
             logger.warning("pool %s: %s is stopping after a crash (%s)", self.name, child.describe(), why)
         else:
+            # Told to stop by someone else (an operator, or systemd signalling every process of the unit, when
+            # the supervisor's own SIGTERM is on its way): its replacement waits a moment.
+            self.slot_not_before[child.slot] = max(self.slot_not_before.get(child.slot, 0.0), time.monotonic() + 1.0)
             logger.info("pool %s: %s is stopping (%s); it will be replaced", self.name, child.describe(), why)
 
     def _reap(self) -> None:
@@ -500,6 +512,7 @@ class Supervisor:
                 self._kill(child)
         if self.winding_down:
             return
+        self._autoscale()
         serving = [c for c in self.children if c.serving]
         taken = {c.slot for c in serving}
         missing = [slot for slot in range(self.target) if slot not in taken]
@@ -515,6 +528,33 @@ class Supervisor:
             if child.recycle and child.state == State.READY and child not in replacing and due:
                 self.start_child(child.slot, replaces=child)
         self._roll(serving)
+
+    def _autoscale(self) -> None:
+        """Act on the monitor's newest reading of the backlog, if any came since the last look."""
+        reading = None
+        while not self._readings.empty():
+            reading = self._readings.get()
+        if self.autoscaler is None or reading is None:
+            return
+        serving = [c for c in self.children if c.serving]
+        decision = self.autoscaler.decide(
+            reading,
+            size=len(serving),
+            starting=sum(c.state == State.STARTING for c in serving),
+            per_child=self.config.concurrency * self.config.batch_size,
+            now=time.monotonic(),
+        )
+        if decision is None:
+            return
+        target, why = decision
+        self.counts["grown" if target > self.target else "shrunk"] += 1
+        self.target, self.decision = target, why
+        logger.info(
+            "pool %s: %s",
+            self.name,
+            why,
+            extra=event("pool_scaled", pool=self.name, processes=target, reason=why, held=reading.held),
+        )
 
     def _roll(self, serving: list[Child]) -> None:
         """A rolling restart (SIGHUP): one child of an older generation at a time gets its replacement."""
@@ -537,6 +577,8 @@ class Supervisor:
             self.pool.max_processes = target
         if self.pool.min_processes is not None and target < self.pool.min_processes:
             self.pool.min_processes = target
+        if self.autoscaler is not None and self.pool.min_processes is not None and self.pool.max_processes is not None:
+            self.autoscaler.resized(self.pool.min_processes, self.pool.max_processes)
         self.decision = f"{'grew' if by > 0 else 'shrank'} to {target} by {'SIGTTIN' if by > 0 else 'SIGTTOU'}"
         logger.info("pool %s: %s", self.name, self.decision)
 
@@ -661,17 +703,38 @@ class Supervisor:
             logger.warning("pool %s: could not remove its row (%s); the reaper will", self.name, exc)
 
     def _monitor(self) -> None:
-        """The supervisor's database work, every heartbeat: its row, and the rows of children that died."""
+        """The supervisor's database work: every heartbeat its row, and the rows of children that died;
+        with ``--autoscale``, every ``AUTOSCALE_INTERVAL`` a reading of the backlog for the event loop."""
         finished = self.lifecycle.finished
+        interval = self.heartbeat_interval
+        if self.autoscaler is not None:
+            interval = min(interval, self.autoscale_interval)
+        last_beat = last_reading = time.monotonic()
         try:
-            while not finished.wait(self.heartbeat_interval):
+            while not finished.wait(interval):
+                now = time.monotonic()
                 try:
-                    self._beat()
+                    if now - last_beat >= self.heartbeat_interval - interval / 2:
+                        last_beat = now
+                        self._beat()
+                    if self.autoscaler is not None and now - last_reading >= self.autoscale_interval - interval / 2:
+                        last_reading = now
+                        self._readings.put(self.read_backlog())
+                        self.wake()
                 except DATABASE_TROUBLE as exc:
-                    logger.warning("pool %s: heartbeat failed (%s)", self.name, exc)
+                    logger.warning("pool %s: a read or write of the database failed (%s)", self.name, exc)
                     connections[self.using].close()
         finally:
             connections.close_all()
+
+    def read_backlog(self) -> Reading:
+        """The backlog an autoscaled pool decides on: its unpaused queues' waits, and what its children hold."""
+        with self._state_lock:
+            names = [c["name"] for c in self._state.get("children", []) if c["name"]]
+        messages = Message.objects.using(self.using)
+        paused = set(QueueState.objects.using(self.using).paused_names())
+        waits = messages.next_waits([queue for queue in self.queues if queue not in paused])
+        return Reading(waits=waits, held=messages.held_by(names))
 
     def _beat(self) -> None:
         rows = WorkerRow.objects.using(self.using)

@@ -15,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_dbqueue.exceptions import DbQueueError
 from django_dbqueue.management.arguments import (
+    autoscale,
     non_negative_float,
     positive_float,
     positive_int,
@@ -61,6 +62,12 @@ class Command(BaseCommand):
             help="Run N worker processes (auto: one per CPU) under a supervisor, each with --concurrency threads.",
         )
         pool.add_argument(
+            "--autoscale",
+            type=autoscale,
+            metavar="MIN,MAX",
+            help="Run a pool of MIN to MAX processes: one more while messages wait, one fewer when idle.",
+        )
+        pool.add_argument(
             "--max-messages-per-child",
             type=positive_int,
             metavar="N",
@@ -78,7 +85,9 @@ class Command(BaseCommand):
         add_console_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        is_pool = options["processes"] is not None
+        is_pool = options["processes"] is not None or options["autoscale"] is not None
+        if options["processes"] is not None and options["autoscale"] is not None:
+            raise CommandError("give --processes N or --autoscale MIN,MAX, not both (an autoscaled pool starts at MIN)")
         is_child = options["pool_child_of"] is not None
         if is_child != (options["pool_fd"] is not None):
             raise CommandError("--pool-child-of and --pool-fd go together (a pool's supervisor gives them)")
@@ -129,8 +138,11 @@ class Command(BaseCommand):
         worker: QueueWorker | Supervisor
         try:
             if is_pool:
+                low, high = options["autoscale"] or (options["processes"], None)
                 pool = PoolConfig(
-                    processes=options["processes"],
+                    processes=low,
+                    min_processes=low if high is not None else None,
+                    max_processes=high,
                     max_messages_per_child=options["max_messages_per_child"],
                     max_memory_per_child=options["max_memory_per_child"],
                     verbosity=options["verbosity"],
