@@ -93,10 +93,12 @@ def claim(
     return Message.objects.claim(queues, limit, visibility_timeout=visibility_timeout, worker=worker)
 
 
-def ack(message: Message, *, worker: str | None = None, result: Any = None) -> bool:
+def ack(message: Message, *, worker: str | None = None, result: Any = None) -> bool | None:
     """Finish ``message`` successfully: archived as acked (unless ARCHIVE is off) and deleted.
 
-    False, changing nothing, if the lease was lost.
+    False, changing nothing, if the lease was lost. None when it cannot be
+    known: on a queue with ARCHIVE off, after a lost reply, the message is
+    gone and nothing says whether this ack took it away (docs/reliability.md).
 
     ``result`` (the handler's return value) is kept in the archive when it is JSON.
     """
@@ -105,11 +107,12 @@ def ack(message: Message, *, worker: str | None = None, result: Any = None) -> b
 
 def ack_many(
     messages: Iterable[Message], *, worker: str | None = None, results: Mapping[int, Any] | None = None
-) -> list[bool]:
+) -> list[bool | None]:
     """Acknowledge a batch in one transaction per database; returns, per message, whether its lease held.
 
-    A lease that ran out is refused, exactly as by `ack`. ``results``
-    maps message ids to their handlers' return values, kept in the archive.
+    A lease that ran out is refused, exactly as by `ack`, and an answer that
+    cannot be known is None, as `ack`'s. ``results`` maps message ids to
+    their handlers' return values, kept in the archive.
     """
     return Message.objects.ack_many(messages, worker=worker, results=results)
 
@@ -159,8 +162,9 @@ def attempts_left(message: Message) -> bool:
     return message.attempts_left()
 
 
-def finish(message: Message, outcome: str, *, match: str = "lease", **row: Any) -> bool:
-    """Archive ``message`` as ``outcome`` and announce it; False if it was gone (or no longer matched).
+def finish(message: Message, outcome: str, *, match: str = "lease", **row: Any) -> bool | None:
+    """Archive ``message`` as ``outcome`` and announce it; False if it was gone (or no longer matched),
+    None for an ack whose answer cannot be known (as `ack`'s).
 
     ``match`` says which row may be finished: ``"lease"`` (the caller's lease,
     still running), ``"token"`` (the lease token as read, even if it ran out:

@@ -191,7 +191,7 @@ class Reaper:
     def _cancelled(self, message: Message, why: str) -> int:
         """Archive one flagged message as cancelled, only if nobody changed its lease since we read it."""
         reason = f"cancelled while it ran; {why} before it stopped"
-        return int(finish(message, Outcome.CANCELLED, match="token", worker="reaper", error=reason))
+        return 1 if finish(message, Outcome.CANCELLED, match="token", worker="reaper", error=reason) else 0
 
     def dead_letter_poison(self) -> int:
         """Dead-letter messages whose lease ran out on their last attempt."""
@@ -210,7 +210,7 @@ class Reaper:
     def _dead(self, message: Message, reason: str) -> int:
         """Archive one held message as dead, only if nobody changed its lease since we read it."""
         message.last_error = f"{message.last_error}\n{reason}".strip()
-        return int(finish(message, Outcome.DEAD, match="token", worker="reaper", error=message.last_error))
+        return 1 if finish(message, Outcome.DEAD, match="token", worker="reaper", error=message.last_error) else 0
 
     def expire(self) -> int:
         """Archive, as expired, messages past ``expires_at`` that no worker holds."""

@@ -16,8 +16,9 @@ of rules (formerly ``django_dbqueue.dispatch``):
   queue's ``UNHANDLED = "keep"``, back in the queue for a handler to come.
 
 A handler that has an ``after_record(message, outcome)`` method is told the
-outcome once it is written (or ``"lease lost"``), so it can announce what
-others can now read (the Tasks backend sends ``task_finished`` this way).
+outcome once it is written (or ``"lease lost"``, or ``"ack unknown"``), so it
+can announce what others can now read (the Tasks backend sends
+``task_finished`` this way).
 """
 
 from __future__ import annotations
@@ -54,6 +55,16 @@ class HandlerOutcome:
     UNHANDLED = "unhandled"
     CANCELLED = "cancelled"
     LEASE_LOST = "lease lost"
+    # An ack whose reply was lost, on a queue with ARCHIVE off, of a message gone without a trace:
+    # whether it was acked cannot be known (docs/reliability.md, "Lost connections").
+    ACK_UNKNOWN = "ack unknown"
+
+
+def written_as(outcome: str, done: bool | None) -> str:
+    """What the answer of ``outcome``'s write makes of it: itself, ``"lease lost"`` or ``"ack unknown"``."""
+    if done is None:
+        return HandlerOutcome.ACK_UNKNOWN
+    return outcome if done else HandlerOutcome.LEASE_LOST
 
 
 @dataclass(frozen=True)
@@ -65,7 +76,7 @@ class Verdict:
     """
 
     outcome: str
-    apply: Callable[[], bool]
+    apply: Callable[[], bool | None]
     result: Any = None  # an ack's handler return value, for workers that ack in batches
     recorded: Callable[[str], None] | None = None  # the handler's after_record, bound to the message
     error: BaseException | str | None = None  # what the handler raised, or the reason given, for the log
@@ -75,7 +86,7 @@ class Verdict:
             done = self.apply()
         except NotClaimed:  # the handler released or failed its own message: the lease is gone
             done = False
-        outcome = self.outcome if done else HandlerOutcome.LEASE_LOST
+        outcome = written_as(self.outcome, done)
         self.written(outcome)
         return outcome
 

@@ -26,10 +26,11 @@ from typing import Any
 import pytest
 from django.db import connections
 from django.db.utils import OperationalError
+from django.utils import timezone
 
 import django_dbqueue
 from django_dbqueue import signals
-from django_dbqueue.control import CancelResult, cancel
+from django_dbqueue.control import CancelResult, cancel, release_lease
 from django_dbqueue.db import errors
 from django_dbqueue.db.clock import DbNow
 from django_dbqueue.db.errors import DATABASE_TROUBLE
@@ -85,6 +86,7 @@ class Operation:
     prepare: Any
     run: Any
     check: Any
+    after: Any = None  # the check after a cut *after* a statement, when it differs
 
 
 def check_claim(state: None, answer: list[Message]) -> None:
@@ -100,9 +102,15 @@ def check_ack(message: Message, answer: bool) -> None:
     finished_once(message, Outcome.ACKED)
 
 
-def check_ack_unarchived(message: Message, answer: bool) -> None:
-    # ARCHIVE off: no row to read back; gone while the lease held is acked by it.
+def check_ack_unarchived(message: Message, answer: bool | None) -> None:
+    # ARCHIVE off, the ack not sent: its retry acks.
     assert answer is True
+    assert live(message) is None and archived(message) == []
+
+
+def check_ack_unarchived_landed(message: Message, answer: bool | None) -> None:
+    # ARCHIVE off, the ack done and its reply lost: gone without a trace, which a delete would leave too.
+    assert answer is None
     assert live(message) is None and archived(message) == []
 
 
@@ -167,7 +175,9 @@ OPERATIONS = {
         check_claim,
     ),
     "ack": Operation(lambda: claim()[0], lambda m: m.ack(), check_ack),
-    "ack, no archive": Operation(lambda: claim(queue="no-archive")[0], lambda m: m.ack(), check_ack_unarchived),
+    "ack, no archive": Operation(
+        lambda: claim(queue="no-archive")[0], lambda m: m.ack(), check_ack_unarchived, check_ack_unarchived_landed
+    ),
     "ack_many": Operation(lambda: claim(3), lambda ms: Message.objects.ack_many(ms, worker="w-proxy"), check_ack_many),
     "fail": Operation(lambda: claim()[0], lambda m: m.fail("boom"), check_fail),
     "fail, dead": Operation(lambda: claim(max_attempts=1)[0], lambda m: m.fail("boom"), check_dead),
@@ -206,8 +216,9 @@ def test_a_connection_cut_at_any_statement_gives_the_true_answer(fault_proxy, na
         rule = fault_proxy.cut(named, when=when, occurrence=occurrence)
         answer = operation.run(state)
         assert rule.fired.is_set(), f"no cut at statement {index} ({named!r}): it was not sent again"
+        check = operation.after if when == "after" and operation.after is not None else operation.check
         try:
-            operation.check(state, answer)
+            check(state, answer)
         except AssertionError as exc:
             raise AssertionError(f"cut {when} statement {index} of {len(statements)}: {statement[:200]!r}") from exc
         fault_proxy.disarm()
@@ -256,6 +267,49 @@ def test_a_lease_that_really_ran_out_is_still_lost_after_a_cut(fault_proxy, oper
     assert run() is False
     row = live(message)
     assert row is not None and row.lease_token == message.lease_token and archived(message) == []
+
+
+# --- a queue with ARCHIVE off: an ack leaves no row to read back ------------------------------------
+
+
+def test_an_unarchived_ack_of_a_long_handler_whose_reply_was_lost_is_unknown_not_lease_lost(fault_proxy):
+    """The heartbeat pushed the lease on in the database, not on the message object, whose lease end is
+    past: the ack held the lease and landed. "Lease lost" would be false, and an ack cannot be proved (a
+    delete leaves the same nothing behind): the answer is unknown (None)."""
+    django_dbqueue.enqueue("no-archive", {})
+    (message,) = Message.objects.using(ALIAS).claim("no-archive", 1, visibility_timeout=1, worker="w-proxy")
+    assert Message.objects.extend_leases(message.lease_token, [message.pk], 300) == 1  # the heartbeat's write
+    time.sleep(1.5)  # past the lease end the object knows
+    fresh_connection()
+    rule = fault_proxy.cut("dbqueue_message", when="after")
+    assert message.ack() is None
+    assert rule.fired.is_set()
+    assert live(message) is None and archived(message) == []
+
+
+@pytest.mark.parametrize(("meanwhile", "answer"), [("cancelled", False), ("deleted", None)])
+def test_an_unarchived_ack_whose_message_went_another_way_meanwhile_is_never_an_ack(fault_proxy, meanwhile, answer):
+    """The ack is held on its way (a stalled network); meanwhile an operator takes the message back and
+    cancels it, or deletes it; then the connection drops: the ack never reached the server. A cancel
+    leaves its archive row: lease lost (False). A delete leaves nothing, as the ack would have: unknown."""
+    message = claim(queue="no-archive")[0]
+    fresh_connection()
+    rule = fault_proxy.stall("dbqueue_message", when="before")
+    answers = []
+    acking = threading.Thread(target=lambda: answers.append(message.ack()))
+    acking.start()
+    assert rule.fired.wait(30), "the ack's statement never reached the proxy"
+    if meanwhile == "cancelled":
+        assert release_lease(Message.objects.get(pk=message.pk))
+        assert cancel(message.pk, by="ops") == CancelResult.ARCHIVED
+    else:
+        Message.objects.filter(pk=message.pk).delete()
+    fault_proxy.cut_all()  # the stalled statement is dropped with its connection, never sent
+    acking.join(60)
+    assert not acking.is_alive()
+    assert answers == [answer]
+    assert live(message) is None
+    assert [row.outcome for row in archived(message)] == ([Outcome.CANCELLED] if meanwhile == "cancelled" else [])
 
 
 # --- a worker whose connection is cut ------------------------------------------------------------------
@@ -330,6 +384,43 @@ def test_a_heartbeat_whose_connection_is_cut_keeps_the_lease_at_its_next_beat(
     assert "lease lost" not in caplog.text
 
 
+UNARCHIVED_ACK_CUTS = {
+    # The worker's batched ack on a queue with ARCHIVE off: its last statement on each database.
+    "mysql": ("COMMIT", "DELETE FROM `dbqueue_message`"),
+    "postgresql": ("WITH gone AS", None),
+}
+
+
+def test_a_worker_whose_unarchived_ack_lost_its_reply_says_it_is_unknown_not_lease_lost(
+    fault_proxy, settings, handler, caplog
+):
+    """Leases of 3 s, a handler of 4.5 s that the heartbeat keeps leased, ARCHIVE off: the batch's ack
+    lands and its reply is lost. Nothing in the database says this ack took the message away: the
+    worker says that much, once, and not "lease lost"."""
+    queues = {
+        **settings.DBQUEUE["QUEUES"],
+        "px-na": {"DATABASE": ALIAS, "VISIBILITY_TIMEOUT": 3, "ARCHIVE": False},
+    }
+    settings.DBQUEUE = {**settings.DBQUEUE, "QUEUES": queues}
+    runs = Counter()
+
+    @handler("px-na")
+    def slow(message):
+        runs[message.pk] += 1
+        time.sleep(4.5)
+
+    sent = django_dbqueue.enqueue("px-na", {})
+    statement, following = UNARCHIVED_ACK_CUTS[connections["default"].vendor]
+    rule = fault_proxy.cut(statement, when="after", following=following)
+    status = QueueWorker(WorkerConfig(queues=["px-na"], until_empty=True, max_runtime=60)).run()
+    assert rule.fired.is_set()
+    assert status == ExitStatus.OK
+    assert live(sent) is None and archived(sent) == []
+    assert runs == {sent.pk: 1}
+    assert "lease lost" not in caplog.text
+    assert caplog.text.count(f"message {sent.pk}: the reply of its ack was lost and the message is gone") == 1
+
+
 # --- the read-back itself, on every database ---------------------------------------------------------
 
 
@@ -384,6 +475,53 @@ def test_an_unsure_change_that_did_not_land_is_lease_lost():
     assert other.fail("boom") is False
     assert other.snooze(delay=5) is False
     assert other.release() is False
+
+
+def test_an_unsure_unarchived_ack_is_answered_from_the_live_table_and_the_archive():
+    """ARCHIVE off. Still live: not acked (False). Gone with an archive row (a cancel): not this ack
+    (False). Gone without a trace, whether this ack (its object's lease end left behind by the
+    heartbeat), a delete or another lease's ack took it: unknown (None), never True."""
+
+    def claimed(worker="w-1"):
+        django_dbqueue.enqueue("no-archive", {})
+        (message,) = Message.objects.claim("no-archive", 1, worker=worker)
+        return message
+
+    stale = timezone.now() - timedelta(minutes=1)  # the claim's lease end, as a heartbeat leaves it on the object
+    message = claimed()
+    before = message.__dict__.copy()
+    assert message.ack() is True
+    message.__dict__.update(before)
+    message.available_at = stale
+    mark_unsure(message)
+    assert message.ack() is None
+    assert not landed_module.unsure(message)
+    message.__dict__.update(before)
+    message.available_at = stale
+    mark_unsure(message)
+    assert Message.objects.ack_many([message]) == [None]
+
+    cancelled = claimed()
+    assert release_lease(Message.objects.get(pk=cancelled.pk))
+    assert cancel(cancelled.pk, by="ops") == CancelResult.ARCHIVED
+    mark_unsure(cancelled)
+    assert cancelled.ack() is False
+    mark_unsure(cancelled)
+    assert Message.objects.ack_many([cancelled]) == [False]
+
+    deleted = claimed()
+    Message.objects.filter(pk=deleted.pk).delete()
+    mark_unsure(deleted)
+    assert deleted.ack() is None
+
+    first = claimed()
+    Message.objects.filter(pk=first.pk).update(available_at=DbNow(-1))
+    (again,) = Message.objects.claim("no-archive", 1, worker="w-2")
+    mark_unsure(first)
+    assert first.ack() is False  # live, under w-2's lease
+    assert again.ack() is True
+    mark_unsure(first)
+    assert first.ack() is None  # gone: w-2's ack and this one's would leave the same nothing
 
 
 # --- the proxy itself ----------------------------------------------------------------------------------

@@ -24,12 +24,12 @@ def producing() -> None:
 def consuming() -> None:
     messages = claim(["emails", "sms"], 10, visibility_timeout=30)
     assert_type(messages, list[Message])
-    assert_type(messages[0].ack(result={"sent": True}), bool)
+    assert_type(messages[0].ack(result={"sent": True}), bool | None)  # None: unknown (ARCHIVE off, a lost reply)
     assert_type(messages[0].fail(ValueError("bounced")), bool)
     assert_type(messages[0].set_progress(3, 10, note="rows"), None)
     assert_type(messages[0].update_meta(rows=3), None)
     assert_type(messages[0].cancel_requested(), bool)
-    assert_type(ack_many(messages), list[bool])
+    assert_type(ack_many(messages), list[bool | None])
     assert_type(Message.objects.claim("emails"), list[Message])
 
 

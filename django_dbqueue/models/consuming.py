@@ -41,16 +41,24 @@ def backoff_delay(message: LiveMessage) -> float:
     return delay * (1 + random.uniform(-options.backoff_jitter, options.backoff_jitter)) if delay else 0.0
 
 
-def _finish(message: LiveMessage, outcome: str, **row: Any) -> bool:
-    """Archive ``message`` as ``outcome`` while its holder's lease holds; its signal when that is done."""
+def _finish(message: LiveMessage, outcome: str, **row: Any) -> bool | None:
+    """Archive ``message`` as ``outcome`` while its holder's lease holds; its signal when that is done.
+
+    None: an ack whose answer cannot be known (`Finishing.finish`).
+    """
     # The manager's methods are typed on the queryset (`finishing.Finishing.finish`), not on the protocol.
-    finished: tuple[bool, ArchivedMessage | None] = (
+    finished: tuple[bool | None, ArchivedMessage | None] = (
         type(message).objects.using(message._state.db or "default").finish(message, outcome, **row)
     )
     done, archived = finished
     if done:
         events.finished(message, outcome, archived, row)
     return done
+
+
+def _archive(message: LiveMessage, outcome: str, **row: Any) -> bool:
+    """`_finish` as an outcome that is always archived (not acked): its answer is never unknown."""
+    return bool(_finish(message, outcome, **row))
 
 
 class ConsumerActions:
@@ -67,16 +75,20 @@ class ConsumerActions:
     # Seconds until the retry that this instance's `fail` scheduled (for the worker's line), else None.
     retry_in: float | None = None
 
-    def ack(self: LiveMessage, *, worker: str | None = None, result: Any = None) -> bool:
+    def ack(self: LiveMessage, *, worker: str | None = None, result: Any = None) -> bool | None:
         """Finish successfully: archived as acked (unless the queue's ARCHIVE is off) and deleted.
 
         ``result`` (the handler's return value) is kept in the archive when it is JSON.
+        True: acked; False: the lease was lost. None: unknown, only on a queue
+        with ARCHIVE off, after a lost reply, when the message is gone and
+        nothing in the database says whether this ack took it away
+        (docs/reliability.md, "Lost connections").
         """
         return _finish(self, Outcome.ACKED, worker=worker or "", result=result)
 
     def archive_cancelled(self: LiveMessage, reason: str = "cancelled while it ran") -> bool:
         """Archive as cancelled under the caller's lease: its handler stopped for a cancel request."""
-        return _finish(self, Outcome.CANCELLED, error=validation.storable_text(reason))
+        return _archive(self, Outcome.CANCELLED, error=validation.storable_text(reason))
 
     def fail(self: LiveMessage, error: BaseException | str, *, retry: bool = True) -> bool:
         """Record a failed attempt: back in the queue after a backoff, or dead when none are left."""
@@ -94,7 +106,7 @@ class ConsumerActions:
                 return True
             return False
         self.last_error = text
-        return _finish(self, Outcome.DEAD, error=text)
+        return _archive(self, Outcome.DEAD, error=text)
 
     def reject(
         self: LiveMessage, *, requeue: bool = True, delay: float | timedelta | None = None, reason: str = ""
@@ -107,10 +119,10 @@ class ConsumerActions:
         seconds = validation.seconds(delay or 0, "delay")
         reason = validation.storable_text(str(reason))
         if not requeue:
-            return _finish(self, Outcome.DEAD, error=reason or "rejected")
+            return _archive(self, Outcome.DEAD, error=reason or "rejected")
         if not self.attempts_left():
             why = f"rejected for a requeue on its last attempt ({self.attempts} of {self.max_attempts_allowed()})"
-            return _finish(self, Outcome.DEAD, error=f"{reason}\n{why}".strip())
+            return _archive(self, Outcome.DEAD, error=f"{reason}\n{why}".strip())
         changes: dict[str, Any] = {"lease_token": None, "available_at": DbNow(seconds)}
         if reason:
             changes["last_error"] = reason
@@ -143,7 +155,7 @@ class ConsumerActions:
         if count:
             refused = self.deferral_refused()
             if refused is not None:
-                return _finish(self, Outcome.DEAD, error=refused)
+                return _archive(self, Outcome.DEAD, error=refused)
             changes["deferrals"] = F("deferrals") + 1
         landed_as = (self.claimed_by, self.attempts - 1)
         done: bool = type(self).objects.update_leased(self, "snooze", landed_as=landed_as, **changes)
@@ -168,9 +180,9 @@ class ConsumerActions:
         def change() -> bool:
             return bool(leased.give_back(count_attempt=False) == 1)
 
-        def found() -> bool | None:
+        def found() -> bool:
             # A give-back empties the worker and, here, gives the claim's attempt back.
-            return landed.changed(live, self, worker="", attempts=self.attempts - 1) or None
+            return landed.changed(live, self, worker="", attempts=self.attempts - 1)
 
         done = with_retries(using, lambda: landed.guarded(using, self, change, found, False), what=f"release {self.pk}")
         if done:

@@ -43,7 +43,7 @@ class Finishing(Leasing[Live]):
 
     def finish(
         self, message: LiveMessage, outcome: str, match: str = "lease", **row: Any
-    ) -> tuple[bool, ArchivedMessage | None]:
+    ) -> tuple[bool | None, ArchivedMessage | None]:
         """Delete ``message`` and archive it as ``outcome``, atomically.
 
         ``match`` picks the row to delete: ``"lease"`` only while the caller's
@@ -51,7 +51,9 @@ class Finishing(Leasing[Live]):
         there (even run out: the reaper), ``"id"`` whoever holds it, ``"idle"``
         only while nobody runs it (operators).
         Returns whether it was there to delete, and the archive row written
-        (None when archiving is off for an acked message).
+        (None when archiving is off for an acked message). Whether it was is
+        None when it cannot be known: an ack with archiving off whose reply
+        was lost, of a message gone without a trace (`landed`).
         """
         using = message._state.db or "default"
         if match == "lease" and not events.listened(events.signal_of(outcome)):
@@ -64,7 +66,7 @@ class Finishing(Leasing[Live]):
         }[match]()
         archived: list[ArchivedMessage] = []
 
-        def change() -> bool:
+        def change() -> bool | None:
             archived.clear()
             with write_transaction(using):
                 # _raw_delete: one DELETE, no collector SELECT (nothing cascades from messages).
@@ -77,23 +79,26 @@ class Finishing(Leasing[Live]):
 
         def found() -> bool | None:
             # Message ids are never reused: this id, claim time, outcome and finisher are this call's row.
-            if not self.using(using)._finished(message, outcome, row.get("worker")):
-                return None
-            stored = landed.finished_row(using, message, outcome, row.get("worker"))
-            archived[:] = [stored] if stored is not None else []
-            return True
+            answer = self.using(using)._finished(message, outcome, row.get("worker"))
+            if answer:
+                stored = landed.finished_row(using, message, outcome, row.get("worker"))
+                archived[:] = [stored] if stored is not None else []
+            return answer
 
-        def run() -> bool:
-            return landed.guarded(using, message, change, found, False)
+        miss: bool | None = False
+
+        def run() -> bool | None:
+            return landed.guarded(using, message, change, found, miss)
 
         done = with_retries(using, run, what=f"{outcome} message {message.pk}")
         return done, (archived[0] if archived and done else None)
 
-    def _finished(self, message: LiveMessage, outcome: str, worker: str | None) -> bool:
-        """Whether ``message``'s lease finished it as ``outcome`` (`landed`)."""
-        return message.pk in landed.finished(self.db, self, [message], outcome, worker)
+    def _finished(self, message: LiveMessage, outcome: str, worker: str | None) -> bool | None:
+        """Whether ``message``'s lease finished it as ``outcome``; None: unknown (`landed`)."""
+        done, unknown = landed.finished(self.db, self, [message], outcome, worker)
+        return None if message.pk in unknown else message.pk in done
 
-    def _finish_quietly(self, message: LiveMessage, outcome: str, row: Mapping[str, Any]) -> bool:
+    def _finish_quietly(self, message: LiveMessage, outcome: str, row: Mapping[str, Any]) -> bool | None:
         """`finish` under the lease with nobody listening: hand-written, no archive row object built.
 
         The row written is the one `ArchivedMessage.from_live` makes.
@@ -115,32 +120,34 @@ class Finishing(Leasing[Live]):
         one_statement = archived is None or finish_is_one_statement(using)
         on = self.using(using)
 
-        def change() -> bool:
+        def change() -> bool | None:
             with contextlib.nullcontext() if one_statement else short_transaction(using):
                 return finish_leased(using, message, outcome, archived)
 
         def found() -> bool | None:
-            return on._finished(message, outcome, row.get("worker")) or None
+            return on._finished(message, outcome, row.get("worker"))
 
+        miss: bool | None = False
         return with_retries(
-            using, lambda: landed.guarded(using, message, change, found, False), what=f"{outcome} message {message.pk}"
+            using, lambda: landed.guarded(using, message, change, found, miss), what=f"{outcome} message {message.pk}"
         )
 
     def ack_many(
         self, messages: Iterable[LiveMessage], *, worker: str | None = None, results: Mapping[int, Any] | None = None
-    ) -> list[bool]:
-        """Acknowledge a batch, one transaction per database; per message, whether its lease held."""
+    ) -> list[bool | None]:
+        """Acknowledge a batch, one transaction per database; per message, whether its lease held
+        (None: unknown, as `finish` says)."""
         messages = list(messages)
-        answers = [False] * len(messages)
+        answers: list[bool | None] = [False] * len(messages)
         for batch in _distinct_rounds(messages):
             by_db: dict[str, list[tuple[int, LiveMessage]]] = defaultdict(list)
             for index, message in batch:
                 by_db[message._state.db or "default"].append((index, message))
             for using, entries in by_db.items():
                 group = [m for _, m in entries]
-                acked = self.using(using).ack_batch(group, worker or "", results or {})
+                acked, unknown = self.using(using).ack_batch(group, worker or "", results or {})
                 for index, message in entries:
-                    answers[index] = message.pk in acked
+                    answers[index] = None if message.pk in unknown else message.pk in acked
                 if acked and events.listened(signals.message_acked):
                     # The rows were copied inside the database: read them back, only for listeners.
                     stored = ArchivedMessage.objects.using(using).filter(message_id__in=acked, outcome=Outcome.ACKED)
@@ -151,8 +158,11 @@ class Finishing(Leasing[Live]):
                             events.finished(m, Outcome.ACKED, rows_by_id.get(m.pk), row)
         return answers
 
-    def ack_batch(self, messages: Sequence[LiveMessage], worker: str, results: Mapping[int, Any]) -> set[int]:
-        """Acknowledge messages of one database in one transaction; returns the ids whose lease held."""
+    def ack_batch(
+        self, messages: Sequence[LiveMessage], worker: str, results: Mapping[int, Any]
+    ) -> tuple[set[int], set[int]]:
+        """Acknowledge messages of one database in one transaction; returns the ids whose lease held, and
+        those whose answer is unknown (a lost reply's, as `finish` says)."""
         using = self.db
         tokens: dict[str, list[int]] = defaultdict(list)
         for message in messages:
@@ -177,15 +187,17 @@ class Finishing(Leasing[Live]):
 
         archived = [m.pk for m in messages if queue_options(m.queue).archive]
 
-        def answered(write: Callable[[], set[int]]) -> set[int]:
+        def answered(write: Callable[[], set[int]]) -> tuple[set[int], set[int]]:
             # A try whose reply was lost may have acked them: what the database holds answers (.landed).
+            unknown: set[int] = set()
             with landed.watching(using, messages):
                 owned = write()
                 missed = [m for m in messages if m.pk not in owned and landed.unsure(m)]
                 if missed:
-                    owned = owned | landed.finished(using, self, missed, Outcome.ACKED, worker)
+                    done, unknown = landed.finished(using, self, missed, Outcome.ACKED, worker)
+                    owned = owned | done
             landed.settled(messages)
-            return owned
+            return owned, unknown
 
         if ack_in_one_statement(using):
             return with_retries(

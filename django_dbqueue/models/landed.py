@@ -15,9 +15,14 @@ the answer comes from what the database holds:
   this lease's finish and nobody else's (the reaper signs as ``reaper``).
   An operator's cancel of a message nobody runs is read back the same way
   (its claim time is the one the cancel read, or none).
-  A queue with ``ARCHIVE`` off keeps no row of an ack: there a message
-  gone from the live table while this lease had not run out was acked by
-  it, since nobody else may take a held message.
+- an ack on a queue with ``ARCHIVE`` off: it leaves no row, so only what
+  the database holds of the message answers. Still live: the ack did not
+  land (it deletes the row whole). Gone, with an archive row of any
+  outcome: something else finished it (a cancel, the reaper's expiry, a
+  dead letter), not this ack. Gone without a trace: this ack, or a delete
+  outside the queue, or another lease's ack once this one had ended (none
+  of them leaves a row): the answer is *unknown* (None), never an ack
+  nobody can prove, nor a "lease lost" nobody can either.
 - a retry, a requeue, a snooze, a release: the live row still carries
   this claim's time, no lease token, and the attempts and worker this
   change left (the reaper's give-back empties the worker but keeps the
@@ -38,7 +43,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db.models import Q
 
 from ..conf import queue_options
-from ..db.clock import db_now
 from ..db.errors import DATABASE_TROUBLE, outcome_unknown
 from .archive import ArchivedMessage, Outcome
 from .protocols import LiveMessage
@@ -72,14 +76,13 @@ def watching(using: str, messages: Iterable[LiveMessage]) -> Iterator[None]:
         raise
 
 
-def guarded(using: str, message: LiveMessage, change: Callable[[], T], landed: Callable[[], T | None], miss: T) -> T:
+def guarded(using: str, message: LiveMessage, change: Callable[[], T], landed: Callable[[], T], miss: T) -> T:
     """One try of a lease-guarded ``change`` of ``message``; when it misses (returns ``miss``) after an
-    unsure try, ``landed()`` says whether that try's change is in the database (``None``: it is not)."""
+    unsure try, the answer is ``landed()``'s: what the database holds of that try's change."""
     with watching(using, [message]):
         done = change()
         if done == miss and unsure(message):
-            found = landed()
-            done = miss if found is None else found
+            done = landed()
     settled([message])
     return done
 
@@ -99,25 +102,30 @@ def finished_row(using: str, message: LiveMessage, outcome: str, worker: str | N
 
 def finished(
     using: str, live: QuerySet[Any], messages: Sequence[LiveMessage], outcome: str, worker: str | None
-) -> set[int]:
-    """Which of ``messages`` this lease finished as ``outcome`` (``live``: the live table)."""
+) -> tuple[set[int], set[int]]:
+    """Which of ``messages`` this lease finished as ``outcome``, and which it may have acked unseen
+    (``ARCHIVE`` off, gone without a trace: unknown). ``live``: the live table."""
     if not messages:
-        return set()
+        return set(), set()
     match = Q()
     for message in messages:
         match |= Q(message_id=message.pk, claimed_at=message.claimed_at, finished_by=finisher(message, worker))
     rows = ArchivedMessage.objects.using(using).filter(match, outcome=outcome)
     done = set(rows.values_list("message_id", flat=True))
     unarchived = [
-        m for m in messages if m.pk not in done and outcome == Outcome.ACKED and not queue_options(m.queue).archive
+        m.pk for m in messages if m.pk not in done and outcome == Outcome.ACKED and not queue_options(m.queue).archive
     ]
-    if unarchived:
-        now = db_now(using)
-        held = [m for m in unarchived if m.available_at is not None and m.available_at > now]
-        if held:
-            still = set(live.filter(pk__in=[m.pk for m in held]).values_list("pk", flat=True))
-            done |= {m.pk for m in held if m.pk not in still}
-    return done
+    if not unarchived:
+        return done, set()
+    # The live table first: a row gone from it stays gone (ids are never reused), and the archive
+    # row of whatever removed it was written with that removal, so it is there by the next read.
+    still = set(live.filter(pk__in=unarchived).values_list("pk", flat=True))
+    gone = [pk for pk in unarchived if pk not in still]
+    if not gone:
+        return done, set()
+    ended = ArchivedMessage.objects.using(using).filter(message_id__in=gone)  # a cancel, an expiry, a dead letter
+    traced = set(ended.values_list("message_id", flat=True))
+    return done, {pk for pk in gone if pk not in traced}
 
 
 def changed(live: QuerySet[Any], message: LiveMessage, *, worker: str, attempts: int) -> bool:

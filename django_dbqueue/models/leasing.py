@@ -39,11 +39,11 @@ class Leasing(Inserting[Live]):
         def change() -> bool:
             return bool(leased.update(**changes) == 1)
 
-        def found() -> bool | None:
+        def found() -> bool:
             if landed_as is None:
-                return None
+                return False
             worker, attempts = landed_as
-            return landed.changed(on, message, worker=worker, attempts=attempts) or None
+            return landed.changed(on, message, worker=worker, attempts=attempts)
 
         return with_retries(
             using, lambda: landed.guarded(using, message, change, found, False), what=f"{what} message {message.pk}"

@@ -12,7 +12,7 @@ outcome"): each ack holds its lease guard, and a message counts as
 processed once its ack is written; weather is waited out; handovers that
 cannot be written together are written each alone, and a batch that
 cannot be written together is written one message at a time through its
-consumer's ``record``; a lost lease is logged once.
+consumer's ``record``; a lost lease (or an ack unknown) is logged once.
 
 Bounded: a consumer waits for its last handover to be written before it
 hands over the next one, so at most one batch per consumer waits here, and
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from django.db import connections
 
 from ..models import Message
-from ..running import HandlerOutcome, Verdict
+from ..running import HandlerOutcome, Verdict, written_as
 from .ledger import Ledger
 from .lifecycle import Lifecycle
-from .writing import GaveUp, Writer, first_line
+from .writing import GaveUp, Writer, first_line, warn_unwritten
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -167,13 +167,10 @@ class Completer:
             part, start = held[start : start + len(handover.batch)], start + len(handover.batch)
             self.ledger.acked(handover.slot, part)
             for (message, verdict), ok in zip(handover.batch, part, strict=True):
-                verdict.written(HandlerOutcome.ACKED if ok else HandlerOutcome.LEASE_LOST)
-                if not ok:
-                    logger.warning(
-                        "worker %s: message %s: lease lost before its outcome (acked) was written; it is not recorded",
-                        self.name,
-                        message.pk,
-                    )
+                outcome = written_as(HandlerOutcome.ACKED, ok)
+                verdict.written(outcome)
+                if outcome != HandlerOutcome.ACKED:
+                    warn_unwritten(self.name, message, HandlerOutcome.ACKED, outcome)
         self._done(handovers)
 
     def _one_by_one(self, handover: Handover) -> None:

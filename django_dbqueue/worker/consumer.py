@@ -34,7 +34,7 @@ from .config import WorkerConfig
 from .ledger import Ledger
 from .lifecycle import Ending, Lifecycle
 from .recycling import Recycler
-from .writing import GaveUp, Writer, first_line
+from .writing import GaveUp, Writer, first_line, warn_unwritten
 
 logger = logging.getLogger("django_dbqueue")
 # A line per finished message: its own logger, so a project can set its level apart (docs/workers.md).
@@ -234,13 +234,8 @@ class Consumer:
                 exc_info=exc,
             )
             outcome = self.record_instead(message, verdict, unstorable(message, verdict.outcome, exc), exc)
-        if outcome == HandlerOutcome.LEASE_LOST:
-            logger.warning(
-                "worker %s: message %s: lease lost before its outcome (%s) was written; it is not recorded",
-                self.name,
-                message.pk,
-                verdict.outcome,
-            )
+        if outcome in (HandlerOutcome.LEASE_LOST, HandlerOutcome.ACK_UNKNOWN):
+            warn_unwritten(self.name, message, verdict.outcome, outcome)
         return outcome
 
     def record_instead(self, message: Message, verdict: Verdict, instead: Verdict, error: BaseException) -> str:
@@ -304,13 +299,14 @@ class Consumer:
                 connection.close()
 
 
-# INFO: what the handler asked for, and a lost lease (record() warned of it once already).
+# INFO: what the handler asked for, and a lost lease or an ack unknown (record() warned of it once already).
 QUIET_OUTCOMES = (
     HandlerOutcome.ACKED,
     HandlerOutcome.DEFERRED,
     HandlerOutcome.RETRIED,
     HandlerOutcome.CANCELLED,
     HandlerOutcome.LEASE_LOST,
+    HandlerOutcome.ACK_UNKNOWN,
 )
 
 

@@ -134,11 +134,12 @@ class Ledger:
         with self._lock:
             return list(self._unacked.get(slot, ()))
 
-    def acked(self, slot: Hashable, held: Sequence[bool]) -> None:
+    def acked(self, slot: Hashable, held: Sequence[bool | None]) -> None:
         """The first ``len(held)`` unacked messages of ``slot`` were written.
 
         ``held[i]`` says whether the i-th ack found its lease: counted as
-        processed if so, as failed (its lease was lost) if not.
+        processed if so, as failed if not (its lease was lost) or if that
+        cannot be known (None: an ack unknown).
         """
         with self._lock:
             waiting = self._unacked.get(slot, [])

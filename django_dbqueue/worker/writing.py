@@ -25,11 +25,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from django.db import connections
 
 from ..db.errors import backoff, is_transient, lost_connection
+from ..running import HandlerOutcome
+
+if TYPE_CHECKING:
+    from ..models import Message
 
 logger = logging.getLogger("django_dbqueue")
 T = TypeVar("T")
@@ -102,6 +106,25 @@ class Writer:
         except Exception:
             return False  # the server is away: an outage, waited out
         return True
+
+
+def warn_unwritten(worker: str, message: Message, wanted: str, outcome: str) -> None:
+    """Log, once, that ``message``'s outcome ``wanted`` was not written (``outcome``: lease lost) or that
+    whether it was cannot be known (ack unknown)."""
+    if outcome == HandlerOutcome.ACK_UNKNOWN:
+        logger.warning(
+            "worker %s: message %s: the reply of its ack was lost and the message is gone; its queue keeps no "
+            "archive (ARCHIVE off), so whether this ack or something else took it away cannot be known",
+            worker,
+            message.pk,
+        )
+        return
+    logger.warning(
+        "worker %s: message %s: lease lost before its outcome (%s) was written; it is not recorded",
+        worker,
+        message.pk,
+        wanted,
+    )
 
 
 def first_line(exc: BaseException) -> str:
