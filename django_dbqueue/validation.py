@@ -22,7 +22,9 @@ KIND_MAX_LENGTH = 100
 KEY_MAX_LENGTH = 255
 # Letters, digits and ``_ . : -``, starting with a letter or digit.
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]*")
-PRIORITY_RANGE = range(-32768, 32768)
+# The column's largest value is flow control's: a message set aside has it (docs/flow-control.md).
+SET_ASIDE_PRIORITY = 32767
+PRIORITY_RANGE = range(-32768, SET_ASIDE_PRIORITY)
 JSON_SCALARS = (str, int, float, bool, type(None))
 
 
@@ -316,7 +318,7 @@ def validate_key(key: Any, what: str = "key") -> str | None:
 
 def validate_priority(priority: Any) -> int:
     if isinstance(priority, bool) or not isinstance(priority, int) or priority not in PRIORITY_RANGE:
-        raise InvalidOption(f"priority must be an integer from -32768 to 32767 (smaller runs first), not {priority!r}")
+        raise InvalidOption(f"priority must be an integer from -32768 to 32766 (smaller runs first), not {priority!r}")
     return priority
 
 

@@ -39,7 +39,8 @@ ENQUEUE_REFUSALS = [
     ("q", {}, {"kind": "k" * 101}, InvalidOption, "the limit is 100"),
     ("q", {}, {"key": ""}, InvalidOption, "key must be a non-empty string"),
     ("q", {}, {"key": "k" * 256}, InvalidOption, "the limit is 255"),
-    ("q", {}, {"priority": 40000}, InvalidOption, "from -32768 to 32767"),
+    ("q", {}, {"priority": 40000}, InvalidOption, "from -32768 to 32766"),
+    ("q", {}, {"priority": 32767}, InvalidOption, "from -32768 to 32766"),  # flow control's: set aside
     ("q", {}, {"priority": "high"}, InvalidOption, "priority must be an integer"),
     ("q", {}, {"delay": -1}, InvalidOption, "delay must be >= 0"),
     ("q", {}, {"delay": "soon"}, InvalidOption, "delay must be a number of seconds"),

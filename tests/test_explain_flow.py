@@ -1,20 +1,22 @@
-"""Flow control's claim stays index-served (docs/flow-control.md, "Cost").
+"""Flow control's claim stays index-served and bounded (docs/flow-control.md, "Cost").
 
 The statements are the exact ones a claim on each kind of controlled queue
 runs, captured while it runs, over a backlog of 1,000 groups with messages
 of every group in flight, so that a planner would rather scan if the
-indexes did not fit.
+indexes did not fit. Then, behind 100,000 held-back rows, the rows a claim
+examines are counted by the database itself: they do not grow with the
+backlog, once a few claims have set it aside.
 """
 
 import json
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import django_dbqueue
 from django_dbqueue.db.clock import db_now
-from django_dbqueue.models import Message, RateSlot
+from django_dbqueue.models import Message, RateSlot, flow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,33 +43,58 @@ def backlog():
                 cursor.fetchall()
 
 
+def is_claim(sql):
+    """Whether ``sql`` is the controlled claim's SELECT of candidates (it reads whole rows, locked)."""
+    return "SKIP LOCKED" in sql and "payload" in sql and sql.startswith("SELECT")
+
+
 def captured_claim(queue):
     """The controlled claim's first statement (its SELECT of candidate rows), as it ran."""
     with CaptureQueriesContext(connection) as queries:
         assert Message.objects.claim(queue, 10)
-    selects = [q["sql"] for q in queries.captured_queries if "SKIP LOCKED" in q["sql"] and "ORDER BY" in q["sql"]]
+    selects = [q["sql"] for q in queries.captured_queries if is_claim(q["sql"])]
     return selects[0]
 
 
-@pytest.mark.parametrize("queue", ["fc-groups", "fc-fifo", "fc-rate-group"])
-def test_the_controlled_claim_walks_the_claim_index_without_a_sort_or_a_full_scan(backlog, queue):
-    sql = captured_claim(queue)
+def tables_in(plan):
+    """Every table access of a MySQL/MariaDB JSON plan: (table name, access type, key)."""
+    found = []
+    if isinstance(plan, dict):
+        if "table_name" in plan:
+            found.append((plan["table_name"], plan.get("access_type"), plan.get("key")))
+        for value in plan.values():
+            found += tables_in(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            found += tables_in(value)
+    return found
+
+
+def assert_window_plan(sql):
+    """The claim's window is read on the claim index, its rows by primary key; the table is never scanned."""
     with connection.cursor() as cursor:
         if connection.vendor == "mysql":
             cursor.execute(f"EXPLAIN FORMAT=JSON {sql}")
-            plan = json.dumps(json.loads(cursor.fetchone()[0]))
-            assert '"key": "dbqueue_msg_claim"' in plan, plan
-            assert '"access_type": "ALL"' not in plan, plan
-            assert "filesort" not in plan, plan
-            if queue == "fc-groups":  # the groups at their limit: read off the few messages in flight
-                assert '"key": "dbqueue_msg_lease"' in plan, plan
+            plan = json.loads(cursor.fetchone()[0])
+            accesses = tables_in(plan)
+            live = [a for a in accesses if not a[0].startswith("<")]  # <derived2>, <subquery3>: the window's rows
+            assert ("dbqueue_message", "ref", "dbqueue_msg_claim") in live or (
+                "dbqueue_message",
+                "range",
+                "dbqueue_msg_claim",
+            ) in live, accesses
+            assert ("dbqueue_message", "eq_ref", "PRIMARY") in live, accesses
+            assert all(access != "ALL" for _, access, _ in live), accesses
         else:
             cursor.execute(f"EXPLAIN {sql}")
             plan = "\n".join(row[0] for row in cursor.fetchall())
             assert "dbqueue_msg_claim" in plan, plan
             assert "Seq Scan on dbqueue_message" not in plan, plan
-            # The claim index gives the rows in ORDER BY order: a Sort may only order a subquery's few rows.
-            assert "Sort Key: dbqueue_message.priority" not in plan, plan
+
+
+@pytest.mark.parametrize("queue", ["fc-groups", "fc-fifo", "fc-rate-group"])
+def test_the_controlled_claims_window_is_read_on_the_claim_index_and_its_rows_by_primary_key(backlog, queue):
+    assert_window_plan(captured_claim(queue))
 
 
 def test_the_fifo_claims_second_read_of_the_heads_on_mysql_reads_the_group_index(backlog):
@@ -75,7 +102,7 @@ def test_the_fifo_claims_second_read_of_the_heads_on_mysql_reads_the_group_index
         pytest.skip("only MySQL/MariaDB read the heads again (docs/flow-control.md, FIFO groups)")
     with CaptureQueriesContext(connection) as queries:
         assert Message.objects.claim("fc-fifo", 10)
-    (sql,) = [q["sql"] for q in queries.captured_queries if "MIN(" in q["sql"]]
+    (sql,) = [q["sql"] for q in queries.captured_queries if "MIN(" in q["sql"] and "GROUP BY" in q["sql"]]
     with connection.cursor() as cursor:
         cursor.execute(f"EXPLAIN FORMAT=JSON {sql}")
         plan = json.dumps(json.loads(cursor.fetchone()[0]))
@@ -127,29 +154,75 @@ def hold_back_100k(queue):
     return eligible
 
 
+def rows_read(action):
+    """Run ``action``; the rows the database read for it, by its own counters, and what ``action`` returned.
+
+    MySQL/MariaDB: the session's Handler_read_* counters (every index entry
+    and row read, temporary tables included). PostgreSQL: the live table's
+    tuples read by sequential and index scans in the transaction
+    (pg_stat_xact_user_tables), the action running inside it.
+    """
+    if connection.vendor == "mysql":
+
+        def count():
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW SESSION STATUS LIKE 'Handler_read%%'")
+                return sum(int(value) for name, value in cursor.fetchall() if name != "Handler_read_retry")
+
+        before = count()
+        result = action()
+        return count() - before, result
+    sql = (
+        "SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables "
+        "WHERE relname = 'dbqueue_message'"
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql)
+        before = cursor.fetchone()[0]
+        result = action()
+        cursor.execute(sql)
+        return cursor.fetchone()[0] - before, result
+
+
+# Once the backlog is set aside, a claim of one examines at most two windows' worth of rows, each read by
+# the candidates' statement and the set-aside one (an index entry and a row each): the rows held back that a
+# claim already satisfied left in place are set aside by the next ones. A bound in SCAN, not in the backlog.
+BOUNDED = 8 * flow.SCAN
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("queue", ["fc-groups", "fc-fifo", "fc-rate-group", "fc-combined"])
-def test_a_claim_finds_the_eligible_message_behind_100k_held_back_rows_on_its_indexes(settings, queue):
+def test_a_claim_behind_100k_held_back_rows_examines_a_bounded_number_of_rows(settings, queue):
     if connection.vendor == "sqlite":
         pytest.skip("SQLite takes the whole database's write lock; there is no row-level plan to check")
+    if connection.vendor == "postgresql" and queue == "fc-fifo":
+        # Known, not fixed: the FIFO filter's sub-select of a group's first id is planned once for any group;
+        # with one group holding most of the queue, PostgreSQL walks the primary key for it, which for the
+        # row of a small group with a late id reads the whole queue (docs/flow-control.md, "Cost").
+        pytest.xfail("PostgreSQL's generic plan for a FIFO group's first id under one huge group")
     # A minute's rate, so that the slots stamped before the backlog is written are still in use at the claim.
     queues = {"fc-combined": COMBINED, "fc-rate-group": {"RATE_LIMIT": "5/m per group"}}
     settings.DBQUEUE = {"QUEUES": {**settings.DBQUEUE.get("QUEUES", {}), **queues}}
     eligible = hold_back_100k(queue)
-    with CaptureQueriesContext(connection) as queries:
-        taken = Message.objects.claim(queue, 1)
-    assert [m.pk for m in taken] == [eligible.pk]
-    sql = next(q["sql"] for q in queries.captured_queries if "SKIP LOCKED" in q["sql"] and "ORDER BY" in q["sql"])
-    with connection.cursor() as cursor:
-        if connection.vendor == "mysql":
-            cursor.execute(f"EXPLAIN FORMAT=JSON {sql}")
-            plan = json.dumps(json.loads(cursor.fetchone()[0]))
-            assert '"key": "dbqueue_msg_claim"' in plan, plan
-            assert '"access_type": "ALL"' not in plan, plan
-            assert "filesort" not in plan, plan
-        else:
-            cursor.execute(f"EXPLAIN {sql}")
-            plan = "\n".join(row[0] for row in cursor.fetchall())
-            assert "dbqueue_msg_claim" in plan, plan
-            assert "Seq Scan on dbqueue_message" not in plan, plan
-            assert "Sort Key: dbqueue_message.priority" not in plan, plan
+    # The first claims meet the backlog: each examines at most ROUNDS windows and sets their rows aside.
+    sweep = flow.ROUNDS * flow.SCAN
+    claims, taken = 0, []
+    while not taken:
+        claims += 1
+        assert claims <= HELD_BACK // sweep + 2, "the claims did not reach past the held-back backlog"
+        with CaptureQueriesContext(connection) as queries:
+            read, taken = rows_read(lambda: Message.objects.claim(queue, 1))
+        assert read <= 8 * sweep, f"claim {claims} read {read} rows"
+        assert taken == [] or [m.pk for m in taken] == [eligible.pk]
+    claim_sql = next(q["sql"] for q in queries.captured_queries if is_claim(q["sql"]))
+    assert_window_plan(claim_sql)
+    held = Message.objects.filter(queue=queue, group="held")
+    assert held.filter(held_priority__isnull=False).count() >= HELD_BACK - sweep, "the backlog was not set aside"
+    # From then on a claim reads a few hundred rows, whatever the backlog: not the 100,000.
+    for n in range(3):
+        another = django_dbqueue.enqueue(queue, {"eligible": n}, group=f"free-{n}")
+        read, taken = rows_read(lambda: Message.objects.claim(queue, 1))
+        assert [m.pk for m in taken] == [another.pk]
+        assert read <= BOUNDED, f"a claim read {read} rows behind a backlog set aside"
+    # Nothing was lost: every held-back row is still there, and ready (a set-aside message waits for a rule).
+    assert held.ready().count() == HELD_BACK

@@ -33,6 +33,11 @@ def locks_outer_joined_rows(using: str) -> bool:
     return connections[using].vendor == "mysql"
 
 
+def loose_index_scans(using: str) -> bool:
+    """Whether a GROUP BY on an index's next column reads one entry per group (MySQL/MariaDB), not every row."""
+    return connections[using].vendor == "mysql"
+
+
 def writes_one_at_a_time(using: str) -> bool:
     """True where a writing transaction holds the whole database until it ends (SQLite).
 

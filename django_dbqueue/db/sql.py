@@ -39,6 +39,42 @@ def use_index(using: str, index: str) -> str:
     return f" FORCE INDEX ({connections[using].ops.quote_name(index)})" if connections[using].vendor == "mysql" else ""
 
 
+def rows_among(using: str, table: str, ids: str) -> tuple[str, str, str]:
+    """How a statement reads the rows of ``table`` whose ids a small SELECT (``ids``, with its LIMIT) picks first.
+
+    Returns the keyword after SELECT, the FROM clause and the WHERE
+    condition. Each database has a form whose plan starts from the few ids
+    and looks each row up by primary key, where others made the optimizer
+    walk the large table instead: MySQL/MariaDB join the ids (a derived
+    table) first (``STRAIGHT_JOIN``; with ``IN``, MariaDB may walk the
+    table and look each row up in the ids); PostgreSQL reads them into an
+    array first (with a join or ``IN``, it hashed the ids and scanned the
+    table); SQLite takes ``IN`` as a list.
+    """
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    t, i = qn(table), qn("id")
+    if connection.vendor == "mysql":
+        return "STRAIGHT_JOIN ", f"({ids}) picked JOIN {t} ON {t}.{i} = picked.{i}", "1 = 1"
+    if connection.vendor == "postgresql":
+        return "", t, f"{t}.{i} = ANY(ARRAY({ids}))"
+    return "", t, f"{t}.{i} IN ({ids})"
+
+
+def skip_locked(using: str, table: str) -> str:
+    """``FOR UPDATE SKIP LOCKED`` of ``table``'s rows only, in a statement that may read others ('' on SQLite).
+
+    PostgreSQL names the table (``OF``): its lock would otherwise reach the
+    other tables' rows as well. MySQL/MariaDB lock only the base tables' rows.
+    """
+    connection = connections[using]
+    if not connection.features.has_select_for_update_skip_locked:
+        return ""
+    if connection.vendor == "postgresql":
+        return f" FOR UPDATE OF {connection.ops.quote_name(table)} SKIP LOCKED"
+    return " FOR UPDATE SKIP LOCKED"
+
+
 def array_columns(using: str, types: list[str]) -> str:
     """PostgreSQL: ``SELECT * FROM unnest(%s::type[], ...)``, the rows of an INSERT given one array per column.
 
@@ -74,3 +110,21 @@ def quoter(using: str) -> Callable[[Any], str] | None:
         return (text.decode(driver.encoding) if isinstance(text, bytes) else text).replace("%", "%%")
 
     return quote
+
+
+# The index of set-aside messages (flow control): the groups that have some, and a group's set-aside messages
+# in their claim order (their own priority, then availability and id). Where partial indexes exist it holds
+# only those rows; MySQL/MariaDB have none, so there it holds every row, by priority first, so that the
+# set-aside ones of a queue (the largest priority) are one range.
+ASIDE_INDEX = "dbqueue_msg_aside"
+
+
+def aside_index_sql(connection: Any, priority: int) -> tuple[str, str]:
+    """The statements that create and drop `ASIDE_INDEX` on the live table (``priority``: a set-aside message's)."""
+    qn = connection.ops.quote_name
+    table, name = qn("dbqueue_message"), qn(ASIDE_INDEX)
+    q, g, p = qn("queue"), qn("group_key"), qn("priority")
+    order = ", ".join(qn(c) for c in ("held_priority", "available_at", "id"))
+    if connection.vendor == "mysql":
+        return f"CREATE INDEX {name} ON {table} ({q}, {p}, {g}, {order})", f"DROP INDEX {name} ON {table}"
+    return f"CREATE INDEX {name} ON {table} ({q}, {g}, {order}) WHERE {p} = {int(priority)}", f"DROP INDEX {name}"

@@ -188,6 +188,9 @@ class ArchivedMessage(models.Model):
         if why is not None:
             error = f"{error}\nresult not kept: {why}".strip()
         copied = {attribute(column): getattr(message, attribute(column)) for column in COPIED}
+        held = getattr(message, "held_priority", None)
+        if held is not None:  # set aside by flow control when it ended (cancelled, expired): its own priority
+            copied["priority"] = held
         return cls(
             message_id=message.pk,
             **{**copied, "last_error": storable_text(error)},

@@ -58,7 +58,7 @@ class Claiming(Finishing[Live]):
 
     def _any_claimable(self, queue: str) -> bool:
         options = queue_options(queue)
-        if options.ordered or options.group_concurrency or options.kind_group_concurrency:
+        if options.flow_controlled:  # a claim may have set rows aside, which are not claimable as they stand
             return flow.any_eligible(self.db, queue, options)
         return self.filter(queue=queue).claimable(options.max_attempts).exists()
 

@@ -31,9 +31,14 @@ from django.db import IntegrityError, connections, models
 
 from .. import validation
 from ..conf import QueueOptions, RateLimit, queue_options
-from ..db.capabilities import locking_reads_see_newer_rows, locks_outer_joined_rows, writes_one_at_a_time
+from ..db.capabilities import (
+    locking_reads_see_newer_rows,
+    locks_outer_joined_rows,
+    loose_index_scans,
+    writes_one_at_a_time,
+)
 from ..db.clock import DbNow, aware_clock, compile_now
-from ..db.sql import insert_ignoring, use_index
+from ..db.sql import ASIDE_INDEX, insert_ignoring, rows_among, skip_locked, use_index
 from ..db.transactions import write_transaction
 from ..exceptions import InvalidOption
 from .fields import NameField
@@ -41,13 +46,28 @@ from .protocols import LiveMessage
 from .statements import MESSAGE_TABLE, _claimable_where, _message_reader, _statement, lease_rows, message_model
 
 UNTIL_FINISHED = "until-finished"
-# How many claimable rows a controlled claim reads for ``limit`` messages: the
+# How many candidates a controlled claim reads for ``limit`` messages: the
 # SELECT already leaves out full groups, but several rows of one group (or of a
 # group another claim holds) may come up, so it looks a little further than a plain claim.
 EXTRA_CANDIDATES = 10
 MAX_CANDIDATES = 1000
-# The live table's index on (lease_token, available_at): the messages in flight, whatever their queue.
-LEASE_INDEX = "dbqueue_msg_lease"
+# The claim's window: how many claimable rows, in claim order, one round of a controlled claim examines.
+# A window holding fewer candidates than wanted has its held-back rows set aside, and the next round reads
+# the rows past them; a claim does at most ROUNDS rounds (docs/flow-control.md, "Held-back messages").
+# The first round's window is a few times the candidates wanted (almost always enough), the others SCAN.
+FIRST_SCAN = 4
+MIN_SCAN = 20
+SCAN = 1000
+ROUNDS = 10
+# A set-aside row's priority, the column's largest, which no producer may give: past every claimable row.
+SET_ASIDE = validation.SET_ASIDE_PRIORITY
+# Per claim: how many set-aside groups it looks at to bring messages back, and how many messages of each.
+BRING_BACK_GROUPS = 50
+MAX_BACK_PER_GROUP = 10
+# The live table's indexes the plan's statements name (MySQL/MariaDB hints).
+LEASE_INDEX = "dbqueue_msg_lease"  # (lease_token, available_at): the messages in flight, whatever their queue
+CLAIM_INDEX = "dbqueue_msg_claim"  # (queue, priority, available_at, id): the claim order
+GROUP_INDEX = "dbqueue_msg_group"  # (queue, group_key, id): a group's messages in order
 # Rate slots unused for this long are free anyway (the longest period is an hour): the reaper deletes them.
 RATE_SLOT_IDLE = timedelta(hours=2)
 
@@ -185,9 +205,9 @@ def take_turns(using: str, queue: str, groups: set[str]) -> None:
 
 
 def _plan(using: str, queue: str, options: QueueOptions, *, probe: bool = False) -> tuple[str, list[Any]]:
-    """The candidates' statement for ``queue`` (its name for `_candidates_sql`) and its parameters.
+    """The rules' part of the plan for ``queue``: its name (for `_plan_sql`) and the rules' parameters.
 
-    One filter per rule the queue sets, all of them in the one SELECT, so
+    One filter per rule the queue sets, all of them in each statement, so
     that a row any rule holds back is never a candidate: FIFO heads
     (``ordered``), the kinds with limits of their own (``kinds<N>``), the
     group limit of the other kinds (``limit<N>``, N the kinds it leaves
@@ -196,7 +216,7 @@ def _plan(using: str, queue: str, options: QueueOptions, *, probe: bool = False)
     message back for one period at most) and locks nothing.
     """
     parts: list[str] = []
-    params: list[Any] = [queue, options.max_attempts]
+    params: list[Any] = []
     if options.ordered:
         parts.append("ordered")
         params.append(queue)
@@ -213,16 +233,11 @@ def _plan(using: str, queue: str, options: QueueOptions, *, probe: bool = False)
     if rate is not None and rate.per_group and not probe:
         parts.append("rated")
         params += [queue, *compile_now(using, -rate.seconds)[1], rate.count]
-    name = "-".join(parts) or "plain"
-    if probe:
-        return f"probe-{name}", params
-    if (own or options.group_concurrency) and locks_outer_joined_rows(using):
-        name += "+groups"
-    return f"flow-{name}", params
+    return "-".join(parts) or "plain", params
 
 
-def _candidates_sql(using: str, name: str, window: int) -> str:
-    """The controlled claim's SELECT (see `_plan`): claimable rows, locked, none that a rule holds back.
+def _rules_sql(using: str, rules: str) -> str:
+    """The rules' filters (see `_plan`) on a row of the live table, as one condition; parameters: the plan's.
 
     ``ordered`` keeps a row only if no earlier message of its group exists:
     its id is at most the group's first (a sub-select per row on the group
@@ -230,41 +245,35 @@ def _candidates_sql(using: str, name: str, window: int) -> str:
     ``limit<N>`` leave out the groups (per kind with a limit of its own)
     that have their limit in flight, read off the few messages in flight.
     ``rated`` leaves out the groups (and, as ``''``, the messages of no
-    group) whose period already holds ``count`` uses of their slots. The
-    filters spare the claim rows it cannot take, so that no backlog held
-    back at the head of the queue fills its window; what decides is the
-    check under the group's lock, and the rate slots' lock, that follow.
-    ``probe-...``: whether any row passes, locking nothing.
+    group) whose period already holds ``count`` uses of their slots. What
+    decides is the check under the group's lock, and the rate slots' lock,
+    that follow; the filters spare the claim the rows it cannot take.
     """
-    connection = connections[using]
-    qn = connection.ops.quote_name
-    probe = name.startswith("probe-")
-    name = name.removeprefix("flow-").removeprefix("probe-")
-    name, joined = name.removesuffix("+groups"), name.endswith("+groups")
-    parts = name.split("-")
-    columns, _ = _message_reader(using)
+    qn = connections[using].ops.quote_name
     t, g, i, q, k = qn(MESSAGE_TABLE), qn("group_key"), qn("id"), qn("queue"), qn("kind")
     now, _ = compile_now(using)
-    where = _claimable_where(using)
     # The messages in flight are few: read them through the lease index. Given (queue, group, id),
     # MariaDB read every message of the queue once its statistics lagged behind the backlog.
     running = (
         f"FROM {t} b{use_index(using, LEASE_INDEX)} WHERE b.{q} = %s AND b.{qn('lease_token')} IS NOT NULL "
         f"AND b.{qn('available_at')} > {now} AND b.{g} IS NOT NULL"
     )
-    for part in parts:
+    conditions = []
+    for part in rules.split("-"):
         if part == "ordered":
             # No earlier message of the group: its first id by the group index, which ORDER BY ... LIMIT 1
-            # holds the planner to (with NOT EXISTS, PostgreSQL scanned the table for a big group's elders).
-            where += (
-                f" AND ({t}.{g} IS NULL OR {t}.{i} <= COALESCE((SELECT h.{i} FROM {t} h "
-                f"WHERE h.{q} = %s AND h.{g} = {t}.{g} ORDER BY h.{i} LIMIT 1), {t}.{i}))"
+            # holds the planner to (with NOT EXISTS, PostgreSQL scanned the table for a big group's elders);
+            # MariaDB, its statistics skewed by a big group, walked the primary key in id order instead, and
+            # PostgreSQL too unless the ORDER BY is the group index's own.
+            conditions.append(
+                f"({t}.{g} IS NULL OR {t}.{i} <= COALESCE((SELECT h.{i} FROM {t} h{use_index(using, GROUP_INDEX)} "
+                f"WHERE h.{q} = %s AND h.{g} = {t}.{g} ORDER BY h.{q}, h.{g}, h.{i} LIMIT 1), {t}.{i}))"
             )
         elif part.startswith("kinds"):
             kinds = ", ".join(["%s"] * int(part.removeprefix("kinds")))
             limits = " ".join(["WHEN %s THEN %s"] * int(part.removeprefix("kinds")))
-            where += (
-                f" AND ({t}.{g} IS NULL OR {t}.{k} NOT IN ({kinds}) OR ({t}.{g}, {t}.{k}) NOT IN "
+            conditions.append(
+                f"({t}.{g} IS NULL OR {t}.{k} NOT IN ({kinds}) OR ({t}.{g}, {t}.{k}) NOT IN "
                 f"(SELECT b.{g}, b.{k} {running} AND b.{k} IN ({kinds}) "
                 f"GROUP BY b.{g}, b.{k} HAVING COUNT(*) >= CASE b.{k} {limits} END))"
             )
@@ -273,8 +282,8 @@ def _candidates_sql(using: str, name: str, window: int) -> str:
             own = int(part.removeprefix("limit"))
             kinds = ", ".join(["%s"] * own)
             mine, theirs = (f"{t}.{k} IN ({kinds}) OR ", f" AND b.{k} NOT IN ({kinds})") if own else ("", "")
-            where += (
-                f" AND ({t}.{g} IS NULL OR {mine}{t}.{g} NOT IN (SELECT b.{g} {running}{theirs} "
+            conditions.append(
+                f"({t}.{g} IS NULL OR {mine}{t}.{g} NOT IN (SELECT b.{g} {running}{theirs} "
                 f"GROUP BY b.{g} HAVING COUNT(*) >= %s))"
             )
         elif part == "rated":
@@ -282,22 +291,83 @@ def _candidates_sql(using: str, name: str, window: int) -> str:
             period_ago, _ = compile_now(using, -1.0)  # the SQL's shape; the period is a parameter
             # A scope with `count` uses in the period has no free slot left: the slots left from a higher
             # limit count too (take_slots), and a scope's slots are made all at once.
-            where += (
-                f" AND COALESCE({t}.{g}, '') NOT IN (SELECT r.{g} FROM {s} r WHERE r.{q} = %s "
+            conditions.append(
+                f"COALESCE({t}.{g}, '') NOT IN (SELECT r.{g} FROM {s} r WHERE r.{q} = %s "
                 f"AND r.{used} > {period_ago} GROUP BY r.{g} HAVING COUNT(*) >= %s)"
             )
-    if probe:
-        return f"SELECT 1 FROM {t} WHERE {where} LIMIT 1"
-    lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
-    order = f"{t}.{qn('priority')}, {t}.{qn('available_at')}, {t}.{i}"
-    source = t
-    if joined:
-        # +groups (MySQL/MariaDB): each row's group row comes along, locked by the same statement, or NULL
-        # (no row yet, or held by another claim). This spares the claim a statement.
+    return " AND ".join(conditions) or "1 = 1"
+
+
+def _plan_sql(using: str, name: str, size: int) -> str:
+    """The plan's statements, by ``name`` = ``<what>[@<window>]-<rules>``; ``size``: the LIMIT of what it returns.
+
+    ``claim``: the candidates, locked, in claim order: the rows of the
+    claim's window (the first ``window`` claimable rows in claim order, read
+    on the claim index, set-aside ones left out) that every rule lets through. The window bounds
+    the rows a claim examines whatever the backlog: a held-back row in it
+    is set aside (``aside``), so that the next window reaches past it.
+    Parameters: queue and max_attempts twice, then the rules'.
+    ``claim+groups`` (MySQL/MariaDB): each row's group row comes along,
+    locked by the same statement, or NULL (no row yet, or held by another
+    claim); this spares the claim a statement.
+    ``aside``: the window's rows that a rule holds back and nobody holds,
+    locked. Same parameters.
+    ``probe``: whether any message passes, locking nothing. Parameters:
+    queue and max_attempts, then the rules'.
+    ``back<n>``: of ``n`` set-aside groups (parameters: queue, then each name)
+    and of the messages of no group (queue), the oldest ``size`` set-aside
+    messages each that the rules let through now, locked. Then the rules'.
+    """
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    what, _, rules = name.partition("-")
+    what, _, scan = what.partition("@")
+    t, g, i, q = qn(MESSAGE_TABLE), qn("group_key"), qn("id"), qn("queue")
+    now, _ = compile_now(using)
+    claimable = _claimable_where(using)
+    passes = _rules_sql(using, rules)
+    p = qn("priority")
+    order = f"{t}.{p}, {t}.{qn('available_at')}, {t}.{i}"
+    if what == "probe":  # set-aside messages are claimable as they stand, only last
+        return f"SELECT 1 FROM {t} WHERE {claimable} AND {passes} LIMIT 1"
+    # The few rows chosen first are read from the live table by primary key (`rows_among`).
+    lock = skip_locked(using, MESSAGE_TABLE)
+    if what.startswith("back"):
+        free = f"{t}.{q} = %s AND {t}.{qn('lease_token')} IS NULL"
+        # A group's first in its claim order (the set-aside index's order), a FIFO group's first by id, on the
+        # group index (its elders are few: the one running, one retrying); ``priority + 0`` keeps PostgreSQL
+        # off the partial set-aside index there, which it would read whole to sort by id.
+        own = f"{t}.{qn('held_priority')}, {t}.{qn('available_at')}, {t}.{i}"
+        aside, by_id = f"{t}.{p} = {SET_ASIDE}", f"{t}.{p} + 0 = {SET_ASIDE}"
+        fifo = "ordered" in rules.split("-")
+        group = ("= %s", GROUP_INDEX, by_id, f"{t}.{i}") if fifo else ("= %s", ASIDE_INDEX, aside, own)
+        scopes = [group] * int(what.removeprefix("back")) + [("IS NULL", ASIDE_INDEX, aside, own)]
+        oldest = " UNION ALL ".join(
+            f"SELECT b{n}.{i} FROM (SELECT {t}.{i} FROM {t}{use_index(using, index)} WHERE {free} AND {marked} "
+            f"AND {t}.{g} {scope} ORDER BY {by} LIMIT {int(size)}) b{n}"
+            for n, (scope, index, marked, by) in enumerate(scopes)
+        )
+        first, source, among = rows_among(using, MESSAGE_TABLE, oldest)
+        return f"SELECT {first}{t}.{i} FROM {source} WHERE {among} AND {passes}{lock}"
+    window = (
+        f"SELECT {t}.{i} FROM {t}{use_index(using, CLAIM_INDEX)} WHERE {claimable} AND {t}.{p} < {SET_ASIDE} "
+        f"ORDER BY {order} LIMIT {int(scan or 0)}"
+    )
+    first, source, among = rows_among(using, MESSAGE_TABLE, window)
+    if what == "aside":
+        return (
+            f"SELECT {first}{t}.{i} FROM {source} WHERE {among} AND {claimable} "
+            f"AND {t}.{qn('lease_token')} IS NULL AND NOT ({passes}){lock}"
+        )
+    columns, _ = _message_reader(using)
+    if what == "claim+groups":
         fg = qn(FlowGroup._meta.db_table)
-        source = f"{t} LEFT JOIN {fg} fg ON fg.{q} = {t}.{q} AND fg.{qn('name')} = {t}.{g}"
+        source += f" LEFT JOIN {fg} fg ON fg.{q} = {t}.{q} AND fg.{qn('name')} = {t}.{g}"
         columns += f", fg.{qn('name')}"
-    return f"SELECT {columns}, {now} FROM {source} WHERE {where} ORDER BY {order} LIMIT {int(window)}{lock}"
+    return (
+        f"SELECT {first}{columns}, {now} FROM {source} WHERE {among} AND {claimable} AND {passes} "
+        f"ORDER BY {order} LIMIT {int(size)}{lock}"
+    )
 
 
 def any_eligible(using: str, queue: str, options: QueueOptions) -> bool:
@@ -307,11 +377,12 @@ def any_eligible(using: str, queue: str, options: QueueOptions) -> bool:
     runs, its group has its limit in flight elsewhere) leaves the queue
     empty: it waits for something that is not this worker's to do, as a
     scheduled message does. A rate holds messages back for one period at
-    most, and the worker waits that long.
+    most, and the worker waits that long. A set-aside message that the
+    rules would let through counts: a claim brings it back.
     """
-    name, params = _plan(using, queue, options, probe=True)
+    rules, params = _plan(using, queue, options, probe=True)
     with connections[using].cursor() as cursor:
-        cursor.execute(_statement(using, name, 1, _candidates_sql), params)
+        cursor.execute(_statement(using, f"probe-{rules}", 1, _plan_sql), [queue, options.max_attempts, *params])
         return cursor.fetchone() is not None
 
 
@@ -320,19 +391,39 @@ def claim_controlled(
 ) -> tuple[list[LiveMessage], float | None]:
     """Lease up to ``limit`` messages of a flow-controlled ``queue``, inside the caller's transaction.
 
-    Returns them in claim order, and, when the rate limit held messages
-    back, the seconds until its next slot is free (the worker sleeps that long).
+    Returns them in claim order, and the seconds after which the worker
+    should claim again if it got nothing: when the rate limit held messages
+    back, until its next slot is free; 0 when the claim set rows aside and
+    stopped before it reached past them (`ROUNDS`).
+
+    First, set-aside messages that the rules now let through come back
+    (`bring_back`). Then each round reads the claim's window; when it
+    finds fewer candidates than wanted, the window's held-back rows are set
+    aside, and the next round's window reaches past them.
     """
-    connection = connections[using]
     window = min(limit + EXTRA_CANDIDATES, MAX_CANDIDATES)
-    rate = options.rate_limit
-    name, params = _plan(using, queue, options)
-    joined = name.endswith("+groups")
-    with connection.cursor() as cursor:
-        cursor.execute(_statement(using, name, window, _candidates_sql), params)
-        rows = cursor.fetchall()
+    rules, params = _plan(using, queue, options)
+    joined = (options.group_concurrency or options.kind_group_concurrency) and locks_outer_joined_rows(using)
+    held = rules != "plain"  # a queue-wide rate holds back no row in particular: nothing to set aside
+    if held:
+        bring_back(using, queue, options, rules, params)
+    claim = f"claim{'+groups' if joined else ''}"
+    arguments = [queue, options.max_attempts, queue, options.max_attempts, *params]
+    retry_in = None
+    for n in range(ROUNDS):
+        scan = SCAN if n else max(FIRST_SCAN * window, MIN_SCAN)
+        with connections[using].cursor() as cursor:
+            cursor.execute(_statement(using, f"{claim}@{scan}-{rules}", window, _plan_sql), arguments)
+            rows = cursor.fetchall()
+        if len(rows) >= limit or not held or not set_aside(using, rules, scan, arguments):
+            break
+    else:
+        retry_in = 0.0  # this claim stopped setting rows aside: the next one goes on at once
     if not rows:
-        return [], None
+        rate = options.rate_limit
+        if rate is not None and rate.per_group:  # the filter left out the groups whose rate is used up
+            retry_in = _next_slot_in(using, queue, rate) if retry_in is None else retry_in
+        return [], retry_in
     clock = aware_clock(rows[0][-1])
     group_of = {row[0]: _group(row) for row in rows}
     kind_of = {row[0]: _kind(row) for row in rows}
@@ -343,10 +434,138 @@ def claim_controlled(
         rows = _within_group_limits(using, queue, rows, options, group_of, kind_of, clock, limit, locked)
     else:
         rows = rows[:limit]
-    retry_in = None
+    rate = options.rate_limit
     if rate is not None and rows:
-        rows, retry_in = _within_rate(using, queue, rows, rate, group_of, clock)
+        rows, rate_in = _within_rate(using, queue, rows, rate, group_of, clock)
+        retry_in = rate_in if retry_in is None or rate_in is None else min(retry_in, rate_in)
     return lease_rows(using, rows, seconds, token, worker), retry_in
+
+
+# --- held-back messages set aside, and brought back ---------------------------------------------
+
+
+def set_aside(using: str, rules: str, scan: int, arguments: list[Any]) -> int:
+    """Set aside the claim window's rows that a rule holds back; how many.
+
+    A set-aside row takes the priority `SET_ASIDE`, its own kept in
+    ``held_priority``: the claim index then holds it past every claimable
+    row, where no window reads, and `bring_back` gives it back its
+    priority, and so its place in the claim order. Rows another claim
+    holds, and leases that ran out (a dead worker's: still counted against
+    their attempts), stay where they are.
+    """
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute(_statement(using, f"aside@{scan}-{rules}", 0, _plan_sql), arguments)
+        ids = [row[0] for row in cursor.fetchall()]
+        if ids:
+            cursor.execute(_move_sql(using, len(ids), back=False), ids)
+    return len(ids)
+
+
+def _move_sql(using: str, count: int, *, back: bool) -> str:
+    """Set ``count`` rows aside (``back=False``) or bring them back, by id; only rows in the other state move."""
+    qn = connections[using].ops.quote_name
+    p, kept = qn("priority"), qn("held_priority")
+    if back:
+        change, was = f"{p} = {kept}, {kept} = NULL", f"{kept} IS NOT NULL"
+    else:
+        change, was = f"{kept} = {p}, {p} = {SET_ASIDE}", f"{kept} IS NULL"
+    ids = ", ".join(["%s"] * count)
+    return f"UPDATE {qn(MESSAGE_TABLE)} SET {change} WHERE {qn('id')} IN ({ids}) AND {was}"
+
+
+def bring_back(using: str, queue: str, options: QueueOptions, rules: str, params: list[Any]) -> int:
+    """Make claimable again the set-aside messages of ``queue`` that the rules now let through; how many.
+
+    Looks at up to `BRING_BACK_GROUPS` set-aside groups per claim, taking
+    turns through them (`_set_aside_groups`), and at the messages of no
+    group; of each, the oldest few (`_back_per_group`). One that comes
+    back takes its place in the claim order again: ``available_at``
+    becomes ``first_available_at``, as for a message given back early.
+    """
+    groups = _set_aside_groups(using, queue)
+    if groups is None:
+        return 0
+    connection = connections[using]
+    sql = _statement(using, f"back{len(groups)}-{rules}", _back_per_group(options), _plan_sql)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*(value for group in groups for value in (queue, group)), queue, *params])
+        ids = [row[0] for row in cursor.fetchall()]
+        if ids:
+            cursor.execute(_move_sql(using, len(ids), back=True), ids)
+    return len(ids)
+
+
+def _back_per_group(options: QueueOptions) -> int:
+    """How many of a set-aside group's oldest messages a claim looks at: as many as the group may run at once.
+
+    One for a FIFO group (only its head may run); else the largest of its
+    limits and its per-group rate's count, at most `MAX_BACK_PER_GROUP`.
+    """
+    if options.ordered:
+        return 1
+    limits = [n for n in (options.group_concurrency, *options.kind_group_concurrency.values()) if n]
+    if options.rate_limit is not None and options.rate_limit.per_group:
+        limits.append(options.rate_limit.count)
+    return max(1, min(max(limits, default=1), MAX_BACK_PER_GROUP))
+
+
+def _set_aside_groups(using: str, queue: str) -> list[str] | None:
+    """The next `BRING_BACK_GROUPS` groups of ``queue`` with set-aside messages, after the last ones looked at.
+
+    None when no message of ``queue`` is set aside (one probe of the
+    set-aside index, the usual answer). A skip scan, one index lookup per
+    group however many messages each has set aside (`_skip_scan_sql`).
+    Each process takes its own turns: the groups after the last one it
+    looked at, then from the first again.
+    """
+    after = _TURNS.get((using, queue))
+    sql = _statement(using, f"groups-{'after' if after is not None else 'first'}", 0, _skip_scan_sql)
+    with connections[using].cursor() as cursor:
+        again = [queue] if loose_index_scans(using) else [queue, queue]  # the recursive query names it twice more
+        cursor.execute(sql, [queue, *([after] if after is not None else []), *again])
+        found = [row[0] for row in cursor.fetchall()]
+    groups = [v for v in found if v is not None]
+    if len(groups) < BRING_BACK_GROUPS:
+        _TURNS.pop((using, queue), None)
+    else:
+        _TURNS[(using, queue)] = groups[-1]
+    if not found and after is not None:
+        return _set_aside_groups(using, queue)  # the turn came round: from the first group again
+    return groups if found else None
+
+
+def _skip_scan_sql(using: str, name: str, size: int) -> str:
+    """`_set_aside_groups`' statement: up to `BRING_BACK_GROUPS` groups in order, then NULL if no group's are set aside.
+
+    MySQL/MariaDB read one index entry per group for a GROUP BY on a
+    prefix of the index (a loose index scan); elsewhere a recursive query
+    looks up each next group (on MariaDB that lookup, naming the previous
+    group, read the whole range instead).
+    """
+    qn = connections[using].ops.quote_name
+    t, g = qn(MESSAGE_TABLE), qn("group_key")
+    table = f"{t}{use_index(using, ASIDE_INDEX)}"
+    mine = f"{qn('queue')} = %s AND {qn('priority')} = {SET_ASIDE}"
+    first = f"{g} > %s" if name.endswith("-after") else f"{g} IS NOT NULL"
+    none = f"SELECT NULL FROM (SELECT 1 AS one) x WHERE EXISTS (SELECT 1 FROM {table} WHERE {mine} AND {g} IS NULL)"
+    if loose_index_scans(using):
+        return (
+            f"SELECT v FROM (SELECT {g} AS v FROM {table} WHERE {mine} AND {first} "
+            f"GROUP BY {qn('queue')}, {qn('priority')}, {g} ORDER BY {g} LIMIT {BRING_BACK_GROUPS}) found "
+            f"UNION ALL {none}"
+        )
+    return (
+        f"WITH RECURSIVE found (v, n) AS (SELECT (SELECT {g} FROM {table} WHERE {mine} AND {first} "
+        f"ORDER BY {g} LIMIT 1), 1 UNION ALL SELECT (SELECT {g} FROM {table} WHERE {mine} AND {g} > found.v "
+        f"ORDER BY {g} LIMIT 1), found.n + 1 FROM found WHERE found.v IS NOT NULL AND found.n < {BRING_BACK_GROUPS}) "
+        f"SELECT v FROM found WHERE v IS NOT NULL UNION ALL {none}"
+    )
+
+
+# The last set-aside group each queue's claims looked at in this process (`_set_aside_groups`).
+_TURNS: dict[tuple[str, str], str] = {}
 
 
 def heads_only(using: str, queue: str, rows: list[Any], group_of: dict[int, str | None]) -> list[Any]:
@@ -564,6 +783,29 @@ def _within_rate(
         if oldest["m"] is not None:
             retry_in = max(0.0, (oldest["m"] + timedelta(seconds=rate.seconds) - clock).total_seconds())
     return taken, retry_in
+
+
+def _next_slot_in(using: str, queue: str, rate: RateLimit) -> float | None:
+    """Seconds until the oldest use of ``queue``'s rate slots in the period ages out (None: no use in it).
+
+    When a per-group rate held back every candidate, that is the earliest a
+    slot of some group frees; the worker claims again then instead of
+    waiting its idle pause.
+    """
+    qn = connections[using].ops.quote_name
+    period_ago, period = compile_now(using, -rate.seconds)
+    now, _ = compile_now(using)
+    sql = (
+        f"SELECT MIN({qn('used_at')}), {now} FROM {qn(RateSlot._meta.db_table)} "
+        f"WHERE {qn('queue')} = %s AND {qn('used_at')} > {period_ago}"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, [queue, *period])
+        oldest, clock = cursor.fetchone()
+    if oldest is None:
+        return None
+    oldest = aware_clock(oldest)
+    return max(0.0, (oldest + timedelta(seconds=rate.seconds) - aware_clock(clock)).total_seconds())
 
 
 def take_slots(using: str, queue: str, wanted: Counter[str], rate: RateLimit, clock: datetime) -> dict[str, list[int]]:

@@ -261,7 +261,12 @@ class Inserting(StateReads[Live]):
             # Replaced in place only within its group: a FIFO group's order is its ids', and a waiting
             # message moved into another group with its old, lower id would jump ahead of that group's
             # head (even one in flight). A move leaves its old row for a new one, last in its new group.
-            if waiting.filter(group=message.group).update(**mine, available_at=due, first_available_at=due) == 1:
+            if (
+                waiting.filter(group=message.group).update(
+                    **mine, available_at=due, first_available_at=due, held_priority=None
+                )
+                == 1
+            ):
                 live = self.filter(queue=message.queue, key=message.key).first()
                 if live is not None:
                     self._adopt(message, live)

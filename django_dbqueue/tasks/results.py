@@ -53,7 +53,9 @@ def task_of(message: Message | ArchivedMessage, alias: str) -> Task[..., Any]:
     run_after = payload.get("run_after")
     priority = payload.get("priority")
     if priority is None:  # the message's own, in the framework's sense and range
-        priority = max(TASK_MIN_PRIORITY, min(TASK_MAX_PRIORITY, -message.priority))
+        own = getattr(message, "held_priority", None)  # a live message flow control set aside keeps its own there
+        own = message.priority if own is None else own
+        priority = max(TASK_MIN_PRIORITY, min(TASK_MAX_PRIORITY, -own))
     return task.using(
         priority=priority,
         queue_name=message.queue,
