@@ -109,7 +109,7 @@ class Message(ConsumerActions, HandlerReports, models.Model):
     meta = models.JSONField(null=True, blank=True, help_text="What the handler recorded with update_meta().")
     # Flow control set it aside (docs/flow-control.md, "Held-back messages are set aside"): a rule held it
     # back, its priority is SET_ASIDE_PRIORITY until a claim brings it back, and this is its own. Its index
-    # differs per database, so it is not in Meta.indexes (migration 0012, `db.sql.aside_index_sql`).
+    # differs per database, so it is not in Meta.indexes (migration 0013, `db.sql.aside_index_sql`).
     held_priority = models.SmallIntegerField(
         null=True,
         blank=True,

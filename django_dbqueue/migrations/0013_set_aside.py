@@ -36,7 +36,7 @@ def drop_index(apps: Any, schema_editor: Any) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_dbqueue", "0011_exact_names"),
+        ("django_dbqueue", "0012_worker_pool"),
     ]
 
     operations = [
