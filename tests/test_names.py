@@ -261,7 +261,12 @@ def test_the_migration_makes_an_existing_install_compare_names_exactly():
     executor = MigrationExecutor(connection)
     try:
         executor.migrate([("django_dbqueue", "0010_flow_control")])
-        _message(queue="acme", group="acme")
+        # The live table as it was then: later migrations add columns the current model writes.
+        state = executor.loader.project_state(("django_dbqueue", "0010_flow_control"))
+        now = _now()
+        state.apps.get_model("django_dbqueue", "Message").objects.create(
+            queue="acme", group="acme", payload={}, headers={}, available_at=now, first_available_at=now, created_at=now
+        )
         _archived(key="acme")
         _group(name="acme")
         _schedule_run("acme")

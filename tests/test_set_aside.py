@@ -131,3 +131,29 @@ def test_a_priority_of_32767_is_refused():
     with pytest.raises(InvalidOption, match="from -32768 to 32766"):
         django_dbqueue.enqueue("fc-fifo", {}, priority=SET_ASIDE_PRIORITY)
     assert not Message.objects.exists()
+
+
+def test_the_migration_back_gives_set_aside_messages_their_own_priority():
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    django_dbqueue.enqueue("fc-fifo", {"n": 0}, group="g")
+    Message.objects.claim("fc-fifo", 1)
+    later = django_dbqueue.enqueue("fc-fifo", {"n": 1}, group="g", priority=4)
+    assert Message.objects.claim("fc-fifo", 1) == []
+    assert set_aside("fc-fifo").filter(pk=later.pk).exists()
+    executor = MigrationExecutor(connection)
+    try:
+        executor.migrate([("django_dbqueue", "0012_worker_pool")])
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT priority FROM dbqueue_message WHERE id = %s", [later.pk])
+            assert cursor.fetchone()[0] == 4
+            indexes = connection.introspection.get_constraints(cursor, "dbqueue_message")
+            assert "dbqueue_msg_aside" not in indexes
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes("django_dbqueue"))
+    with connection.cursor() as cursor:
+        assert "dbqueue_msg_aside" in connection.introspection.get_constraints(cursor, "dbqueue_message")
+    assert Message.objects.get(pk=later.pk).priority == 4
