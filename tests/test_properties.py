@@ -639,7 +639,8 @@ class QueueMachine(RuleBasedStateMachine):
                 "ready" if row["available_at"] <= now else "scheduled" if row["lease_token"] is None else "in_flight"
             )
             if row["held_priority"] is not None:  # set aside (docs/flow-control.md): its own priority is kept
-                assert row["priority"] == flow.SET_ASIDE and row["lease_token"] is None, row
+                # never in flight: a lease it carries ran out (a dead worker's), and no longer holds
+                assert row["priority"] == flow.SET_ASIDE and (row["lease_token"] is None or state == "ready"), row
                 row["priority"] = row["held_priority"]
             got = tuple(row[name] for name in COMPARED)
             want = tuple(getattr(m, name) for name in COMPARED)

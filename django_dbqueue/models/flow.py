@@ -310,7 +310,7 @@ def _plan_sql(using: str, name: str, size: int) -> str:
     ``claim+groups`` (MySQL/MariaDB): each row's group row comes along,
     locked by the same statement, or NULL (no row yet, or held by another
     claim); this spares the claim a statement.
-    ``aside``: the window's rows that a rule holds back and nobody holds,
+    ``aside``: the window's rows that a rule holds back and no claim holds,
     locked. Same parameters.
     ``probe``: whether any message passes, locking nothing. Parameters:
     queue and max_attempts, then the rules'.
@@ -333,7 +333,7 @@ def _plan_sql(using: str, name: str, size: int) -> str:
     # The few rows chosen first are read from the live table by primary key (`rows_among`).
     lock = skip_locked(using, MESSAGE_TABLE)
     if what.startswith("back"):
-        free = f"{t}.{q} = %s AND {t}.{qn('lease_token')} IS NULL"
+        free = f"{t}.{q} = %s"
         # A group's first in its claim order (the set-aside index's order), a FIFO group's first by id, on the
         # group index (its elders are few: the one running, one retrying); ``priority + 0`` keeps PostgreSQL
         # off the partial set-aside index there, which it would read whole to sort by id.
@@ -355,10 +355,7 @@ def _plan_sql(using: str, name: str, size: int) -> str:
     )
     first, source, among = rows_among(using, MESSAGE_TABLE, window)
     if what == "aside":
-        return (
-            f"SELECT {first}{t}.{i} FROM {source} WHERE {among} AND {claimable} "
-            f"AND {t}.{qn('lease_token')} IS NULL AND NOT ({passes}){lock}"
-        )
+        return f"SELECT {first}{t}.{i} FROM {source} WHERE {among} AND {claimable} AND NOT ({passes}){lock}"
     columns, _ = _message_reader(using)
     if what == "claim+groups":
         fg = qn(FlowGroup._meta.db_table)
@@ -450,9 +447,10 @@ def set_aside(using: str, rules: str, scan: int, arguments: list[Any]) -> int:
     A set-aside row takes the priority `SET_ASIDE`, its own kept in
     ``held_priority``: the claim index then holds it past every claimable
     row, where no window reads, and `bring_back` gives it back its
-    priority, and so its place in the claim order. Rows another claim
-    holds, and leases that ran out (a dead worker's: still counted against
-    their attempts), stay where they are.
+    priority, and so its place in the claim order. A lease that ran out
+    (a dead worker's) is set aside with its token, which no longer holds:
+    its attempts still count, and the reaper still finds a poison message.
+    Rows another claim holds stay where they are.
     """
     connection = connections[using]
     with connection.cursor() as cursor:
