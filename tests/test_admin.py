@@ -468,6 +468,20 @@ def test_overview_shows_counts_chart_and_workers(viewer):
     assert 'name="paused"' not in html  # no pause buttons without the permission
 
 
+def test_overview_lists_each_pool_with_its_children_under_it(viewer):
+    from django_dbqueue.models import Worker
+
+    state = {"processes": 2, "target": 2, "min": 1, "max": 4, "grown": 1, "decision": "grew to 2: the next ..."}
+    Worker.objects.register("pool-a", ["mail"], 1, pool=state)
+    Worker.objects.register("pool-a-child", ["mail"], 1, supervisor="pool-a")
+    Worker.objects.register("alone", ["mail"], 1)
+    response = viewer.get(changelist("queuestate"))
+    assert [row["worker"].name for row in response.context["workers"]] == ["alone", "pool-a", "pool-a-child"]
+    html = response.content.decode()
+    assert "pool of 2 processes (target 2, 1 to 4), 1 grown; last decision: grew to 2: the next ..." in html
+    assert html.count("pool-child") == 1 and "↳ pool-a-child" in html
+
+
 def test_pause_and_resume_need_their_permission(client):
     pause = reverse("admin:django_dbqueue_queuestate_pause")
     operator(client)

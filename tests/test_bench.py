@@ -26,6 +26,7 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
         "--scheduled=200",
         "--memory-messages=2000",
         "--per-message-messages=100",
+        "--cpu-messages=40",
         "--json",
     )
     report = json.loads(capsys.readouterr().out)
@@ -42,6 +43,7 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
         "worker RSS growth over 2000 messages",
         "admin archive page, whole table",
         "admin archive page, filtered by queue",
+        "cpu_bound",
     }
     for name in ("enqueue", "enqueue_many", "drain", "drain_write", "per_message"):
         assert phases[name]["ours"] > 0 and phases[name]["baseline"] > 0 and phases[name]["ratio"] > 0
@@ -64,6 +66,10 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
     for name in ("admin archive page, whole table", "admin archive page, filtered by queue"):
         assert phases[name]["ours"] > 0 and phases[name]["baseline"] > 0
         assert phases[name]["extra"]["archive_rows"] == 3000
+    cpu = phases["cpu_bound"]
+    # A pool of 2 processes against one process of 4 threads, a CPU-bound handler (no speed asserted here).
+    assert cpu["ours"] > 0 and cpu["baseline"] > 0 and cpu["extra"]["messages"] == 40
+    assert cpu["extra"]["baseline"] == "one runqueueworker process with --concurrency 4"
     assert report["config"]["vendor"] == connection.vendor
     # It cleans up after itself.
     assert not Message.objects.filter(queue__startswith="queuebench.").exists()
@@ -116,3 +122,22 @@ def test_soak_and_idle_are_left_out_unless_asked_for():
     from django_dbqueue.contrib.bench.runner import DEFAULT_PHASES, PHASES
 
     assert {"soak", "idle"} <= set(PHASES) and not {"soak", "idle"} & set(DEFAULT_PHASES)
+
+
+@pytest.mark.django_db
+def test_the_cpu_bound_handler_is_registered_only_where_the_phase_asks(monkeypatch):
+    """The bench app is installed here, yet no worker of this project serves queuebench.cpu unless started by it."""
+    from django.apps import apps
+
+    from django_dbqueue import handlers
+    from django_dbqueue.contrib.bench.apps import CPU_HANDLER_ENVIRONMENT
+    from django_dbqueue.contrib.bench.cpu import QUEUE, burn, rounds_for
+
+    assert (QUEUE, None) not in handlers.registered()
+    monkeypatch.setenv(CPU_HANDLER_ENVIRONMENT, "1")
+    try:
+        apps.get_app_config("dbqueue_bench").ready()
+        assert (QUEUE, None) in handlers.registered()
+    finally:
+        handlers.unregister(QUEUE, None)
+    assert rounds_for(5) > 0 and burn(10) == sum(n * n % 7 for n in range(10))

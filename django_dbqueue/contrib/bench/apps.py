@@ -1,4 +1,9 @@
+import os
+
 from django.apps import AppConfig
+
+# Set by the cpu_bound phase for the workers it starts: they register the handler of queuebench.cpu (cpu.py).
+CPU_HANDLER_ENVIRONMENT = "DBQUEUE_BENCH_CPU_HANDLER"
 
 
 class QueueBenchConfig(AppConfig):
@@ -7,3 +12,9 @@ class QueueBenchConfig(AppConfig):
     name = "django_dbqueue.contrib.bench"
     label = "dbqueue_bench"
     verbose_name = "Queue benchmark"
+
+    def ready(self) -> None:
+        if os.environ.get(CPU_HANDLER_ENVIRONMENT):
+            from .cpu import register
+
+            register()

@@ -29,11 +29,16 @@ from django.db import connections
 from django.db.models import Max, Min
 from django.test.utils import override_settings
 
+from ...conf import database_for
 from ...db import vendor
 from ...db.stats import refresh_statistics
+from ...management.arguments import cpu_count
 from ...models import ArchivedMessage, FlowGroup, Message
 from ...operations import ack_many, build_message, claim, enqueue, enqueue_many
 from ...reaper import Reaper
+from .apps import CPU_HANDLER_ENVIRONMENT
+from .cpu import QUEUE as CPU_QUEUE
+from .cpu import rounds_for
 from .rawsql import RawProtocol, count_written, create_write_table, drop_write_table, table_size
 
 PHASES = (
@@ -47,6 +52,7 @@ PHASES = (
     "claim_latency",
     "memory",
     "admin_list",
+    "cpu_bound",
     "soak",
     "idle",
 )
@@ -55,6 +61,9 @@ DEFAULT_PHASES = PHASES[:-2]
 PREFIX = "queuebench."
 GROUPS_QUEUE = PREFIX + "groups"
 GROUPS = 1000
+CPU_MS = 20.0  # the cpu_bound phase's handler: milliseconds of pure Python per message
+CPU_THREADS, CPU_PROCESSES = 4, 2
+CPU_BASELINE = f"one runqueueworker process with --concurrency {CPU_THREADS}"
 
 
 @dataclass
@@ -74,6 +83,7 @@ class BenchConfig:
     repeat: int = 1
     soak_messages: int = 1_000_000
     idle_seconds: float = 10.0
+    cpu_messages: int = 400  # the cpu_bound phase: messages of CPU_MS each
     nudges: bool = True  # False: workers wait for their poll only (MySQL/MariaDB, SQLite)
 
 
@@ -544,6 +554,50 @@ class QueueBench:
         extra = {"cpu_seconds": usage["cpu_seconds"], "wall_seconds": usage["wall_seconds"]}
         return [Result("idle worker CPU", percent, "% of a core", None, extra)]
 
+    def phase_cpu_bound(self) -> list[Result]:
+        """A CPU-bound handler (``CPU_MS`` of pure Python per message): ``runqueueworker --concurrency 4``, one
+        process, against ``runqueueworker --processes 2``, each draining the same messages with ``--until-empty``.
+
+        Threads share one interpreter lock; processes do not. The rates come
+        from the archive's timestamps (first claim to last finish), so the
+        processes' start counts for neither side.
+        """
+        if database_for(CPU_QUEUE) != self.using:
+            self.say(f"cpu_bound: skipped; its workers serve {CPU_QUEUE} on the queues' own database, not {self.using}")
+            return []
+        messages = self.config.cpu_messages
+        rounds = rounds_for(CPU_MS)
+        threads = self._cpu_drain(messages, rounds, "--concurrency", str(CPU_THREADS))
+        pool = self._cpu_drain(messages, rounds, "--processes", str(CPU_PROCESSES))
+        extra = {
+            "messages": messages,
+            "handler_ms": CPU_MS,
+            "rounds": rounds,
+            "threads": CPU_THREADS,
+            "processes": CPU_PROCESSES,
+            "cpus": cpu_count(),
+            "pool_rate": pool,
+            "threads_rate": threads,
+            "baseline": CPU_BASELINE,
+        }
+        return [Result(f"cpu_bound (--processes {CPU_PROCESSES})", pool, "messages/s", threads, extra)]
+
+    def _cpu_drain(self, messages: int, rounds: int, *options: str) -> float:
+        """``runqueueworker queuebench.cpu --until-empty OPTIONS`` drains ``messages``: messages/s."""
+        self.clean()
+        enqueue_many(CPU_QUEUE, [{"rounds": rounds}] * messages, using=self.using)
+        command = [sys.executable, "-m", "django", "runqueueworker", CPU_QUEUE, "--until-empty", "--no-schedules"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), CPU_HANDLER_ENVIRONMENT: "1"}
+        worker = subprocess.Popen([*command, "-v", "0", *options], env=env)
+        if worker.wait(timeout=3600) != 0:
+            raise RuntimeError(f"cpu_bound: runqueueworker {' '.join(options)} exited with {worker.returncode}")
+        archive = ArchivedMessage.objects.using(self.using).filter(queue=CPU_QUEUE)
+        if archive.count() != messages:
+            raise RuntimeError(f"cpu_bound: {archive.count()} of {messages} messages drained")
+        span = archive.aggregate(first=Min("claimed_at"), last=Max("finished_at"))
+        seconds: float = (span["last"] - span["first"]).total_seconds()
+        return messages / max(seconds, 1e-6)
+
     # --- data ------------------------------------------------------------------
 
     def fill(self, queue: str, count: int, groups: int = 0) -> None:
@@ -610,6 +664,11 @@ def as_table(results: list[Result], config: BenchConfig) -> str:
                 f"{'':<4}baseline here is our drain of the same messages in no group, not raw SQL; worker CPU "
                 f"{r.extra['grouped_cpu_ms_per_message']:.3f} ms per message "
                 f"(in no group {r.extra['ungrouped_cpu_ms_per_message']:.3f})"
+            )
+        if r.phase.startswith("cpu_bound"):
+            lines.append(
+                f"{'':<4}baseline here is {CPU_BASELINE}, not raw SQL; a handler of "
+                f"{CPU_MS:g} ms of pure Python, {r.extra['cpus']:g} CPUs"
             )
         if r.phase.startswith("admin archive page"):
             rows = r.extra["archive_rows"]

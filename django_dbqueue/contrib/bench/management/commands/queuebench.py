@@ -54,6 +54,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--idle-seconds", type=float, default=10.0, help="How long the idle phase watches an idle worker's CPU."
         )
+        parser.add_argument(
+            "--cpu-messages",
+            type=positive_int,
+            default=400,
+            help="Messages of the cpu_bound phase (20 ms of pure Python each).",
+        )
         parser.add_argument("--repeat", type=positive_int, default=1, help="Runs of every phase; medians reported.")
         parser.add_argument(
             "--no-nudges",
@@ -106,6 +112,7 @@ class Command(BaseCommand):
             soak_messages=options["soak_messages"],
             idle_seconds=options["idle_seconds"],
             nudges=not options["no_nudges"],
+            cpu_messages=options["cpu_messages"],
         )
         if config.idle_seconds <= 0:
             raise CommandError("--idle-seconds must be positive")
