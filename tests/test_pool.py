@@ -593,6 +593,14 @@ def test_the_backlog_is_read_per_queue_from_the_message_a_claim_would_take_next(
     assert Message.objects.held_by(["child-1", "child-2"]) == len(claimed) == 1
     assert Message.objects.held_by([]) == 0
 
+    # A FIFO group's next message waits for its elder, which runs: no claim would take it, more processes
+    # would not run it sooner.
+    first, second = django_dbqueue.enqueue_many("fc-fifo", [{"n": 1}, {"n": 2}], group="g")
+    Message.objects.filter(pk__in=[first.pk, second.pk]).update(available_at=first.available_at - timedelta(seconds=60))
+    assert Message.objects.next_waits(["fc-fifo"])["fc-fifo"] > 59
+    assert [m.pk for m in Message.objects.claim("fc-fifo", 5, worker="child-1")] == [first.pk]
+    assert Message.objects.next_waits(["fc-fifo"]) == {"fc-fifo": None}
+
 
 def test_autoscale_bounds_are_checked():
     with pytest.raises(CommandError, match="'3,1' is not MIN,MAX"):

@@ -69,9 +69,11 @@ class Claiming(Finishing[Live]):
         "Autoscaling"): one read of the database's clock, then one read per
         queue that walks the claim index in claim order and stops at the
         first claimable row (``LIMIT 1``), as the claim does. A message given
-        back keeps its place, and its wait. On a queue with group rules, a
-        backlog that the rules hold back (no claim would take any of it) does
-        not count: more processes would not run it sooner.
+        back keeps its place, and its wait. On a flow-controlled queue the
+        wait counts only when a claim could take something (`flow.any_eligible`,
+        the ``--until-empty`` look): a backlog that group rules hold back, or
+        that a claim set aside, would not run sooner with more processes; one
+        that only a rate holds back counts.
         """
         now = db_now(self.db)
         waits: dict[str, float | None] = {}
@@ -84,8 +86,7 @@ class Claiming(Finishing[Live]):
                 .values_list("available_at", flat=True)
                 .first()
             )
-            grouped = options.ordered or options.group_concurrency or options.kind_group_concurrency
-            if head is None or (grouped and not flow.any_eligible(self.db, queue, options)):
+            if head is None or (options.flow_controlled and not flow.any_eligible(self.db, queue, options)):
                 waits[queue] = None
             else:
                 waits[queue] = max(0.0, (now - head).total_seconds())
