@@ -133,7 +133,9 @@ def wait_for_children(pid: int, count: int, timeout: float = 90) -> tuple[Worker
     def ready():
         row = supervisor_row(pid)
         rows = children_rows(row.name) if row is not None else []
-        return (row, rows) if len(rows) == count else None
+        # The children register themselves; the supervisor writes its own count at its next tick.
+        counted = row is not None and (row.pool or {}).get("processes") == count
+        return (row, rows) if len(rows) == count and counted else None
 
     return wait_for(ready, timeout=timeout, what=f"{count} children of pool {pid}")
 

@@ -263,11 +263,10 @@ def _rules_sql(using: str, rules: str) -> str:
         if part == "ordered":
             # No earlier message of the group: its first id by the group index, which ORDER BY ... LIMIT 1
             # holds the planner to (with NOT EXISTS, PostgreSQL scanned the table for a big group's elders);
-            # MariaDB, its statistics skewed by a big group, walked the primary key in id order instead, and
-            # PostgreSQL too unless the ORDER BY is the group index's own.
+            # MariaDB, its statistics skewed by a big group, walked the primary key in id order instead.
             conditions.append(
                 f"({t}.{g} IS NULL OR {t}.{i} <= COALESCE((SELECT h.{i} FROM {t} h{use_index(using, GROUP_INDEX)} "
-                f"WHERE h.{q} = %s AND h.{g} = {t}.{g} ORDER BY h.{q}, h.{g}, h.{i} LIMIT 1), {t}.{i}))"
+                f"WHERE h.{q} = %s AND h.{g} = {t}.{g} ORDER BY h.{i} LIMIT 1), {t}.{i}))"
             )
         elif part.startswith("kinds"):
             kinds = ", ".join(["%s"] * int(part.removeprefix("kinds")))
