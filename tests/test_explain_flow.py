@@ -195,11 +195,6 @@ BOUNDED = 8 * flow.SCAN
 def test_a_claim_behind_100k_held_back_rows_examines_a_bounded_number_of_rows(settings, queue):
     if connection.vendor == "sqlite":
         pytest.skip("SQLite takes the whole database's write lock; there is no row-level plan to check")
-    if connection.vendor == "postgresql" and queue == "fc-fifo":
-        # Known, not fixed: the FIFO filter's sub-select of a group's first id is planned once for any group;
-        # with one group holding most of the queue, PostgreSQL walks the primary key for it, which for the
-        # row of a small group with a late id reads the whole queue (docs/flow-control.md, "Cost").
-        pytest.xfail("PostgreSQL's generic plan for a FIFO group's first id under one huge group")
     # A minute's rate, so that the slots stamped before the backlog is written are still in use at the claim.
     queues = {"fc-combined": COMBINED, "fc-rate-group": {"RATE_LIMIT": "5/m per group"}}
     settings.DBQUEUE = {"QUEUES": {**settings.DBQUEUE.get("QUEUES", {}), **queues}}

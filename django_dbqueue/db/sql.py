@@ -61,6 +61,29 @@ def rows_among(using: str, table: str, ids: str) -> tuple[str, str, str]:
     return "", t, f"{t}.{i} IN ({ids})"
 
 
+def first_of_group(using: str, table: str, index: str, row: str) -> str:
+    """A sub-select of the first id of row ``row``'s group in its queue (parameter: the queue), read on ``index``.
+
+    ``index`` is ``(queue, group_key, id)``. The group comes from the outer
+    row, so the sub-select is planned once for every group. With one group
+    holding most of the queue, PostgreSQL then walked the primary key in id
+    order for any group, reading the big group's rows before a small
+    group's first: there the sub-select asks for the first index entry at
+    or after ``(queue, group)``, an order only ``index`` has, and keeps its
+    id if it is that group's. MySQL/MariaDB are told the index (`use_index`).
+    """
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    t, q, g, i = qn(table), qn("queue"), qn("group_key"), qn("id")
+    if connection.vendor == "postgresql":
+        return (
+            f"SELECT CASE WHEN h.{q} = {row}.{q} AND h.{g} = {row}.{g} THEN h.{i} END FROM {t} h "
+            f"WHERE (h.{q}, h.{g}) >= (%s, {row}.{g}) ORDER BY h.{q}, h.{g}, h.{i} LIMIT 1"
+        )
+    hint = use_index(using, index)
+    return f"SELECT h.{i} FROM {t} h{hint} WHERE h.{q} = %s AND h.{g} = {row}.{g} ORDER BY h.{i} LIMIT 1"
+
+
 def skip_locked(using: str, table: str) -> str:
     """``FOR UPDATE SKIP LOCKED`` of ``table``'s rows only, in a statement that may read others ('' on SQLite).
 

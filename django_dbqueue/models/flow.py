@@ -38,7 +38,7 @@ from ..db.capabilities import (
     writes_one_at_a_time,
 )
 from ..db.clock import DbNow, aware_clock, compile_now
-from ..db.sql import ASIDE_INDEX, insert_ignoring, rows_among, skip_locked, use_index
+from ..db.sql import ASIDE_INDEX, first_of_group, insert_ignoring, rows_among, skip_locked, use_index
 from ..db.transactions import write_transaction
 from ..exceptions import InvalidOption
 from .fields import NameField
@@ -261,13 +261,11 @@ def _rules_sql(using: str, rules: str) -> str:
     conditions = []
     for part in rules.split("-"):
         if part == "ordered":
-            # No earlier message of the group: its first id by the group index, which ORDER BY ... LIMIT 1
-            # holds the planner to (with NOT EXISTS, PostgreSQL scanned the table for a big group's elders);
-            # MariaDB, its statistics skewed by a big group, walked the primary key in id order instead.
-            conditions.append(
-                f"({t}.{g} IS NULL OR {t}.{i} <= COALESCE((SELECT h.{i} FROM {t} h{use_index(using, GROUP_INDEX)} "
-                f"WHERE h.{q} = %s AND h.{g} = {t}.{g} ORDER BY h.{i} LIMIT 1), {t}.{i}))"
-            )
+            # No earlier message of the group: its first id by the group index, one entry read (with NOT
+            # EXISTS, PostgreSQL scanned the table for a big group's elders; given the choice, both databases
+            # walked the primary key for a small group's first under one big group: `first_of_group`).
+            first = first_of_group(using, MESSAGE_TABLE, GROUP_INDEX, t)
+            conditions.append(f"({t}.{g} IS NULL OR {t}.{i} <= COALESCE(({first}), {t}.{i}))")
         elif part.startswith("kinds"):
             kinds = ", ".join(["%s"] * int(part.removeprefix("kinds")))
             limits = " ".join(["WHEN %s THEN %s"] * int(part.removeprefix("kinds")))
