@@ -157,3 +157,26 @@ def test_the_migration_back_gives_set_aside_messages_their_own_priority():
     with connection.cursor() as cursor:
         assert "dbqueue_msg_aside" in connection.introspection.get_constraints(cursor, "dbqueue_message")
     assert Message.objects.get(pk=later.pk).priority == 4
+
+
+def test_groups_whose_names_differ_only_in_case_or_a_trailing_space_are_set_aside_and_brought_back_apart():
+    names = ["Acme", "acme", "acme "]
+    sent = {name: [django_dbqueue.enqueue("fc-fifo", {"n": n}, group=name).pk for n in range(4)] for name in names}
+    ran = {name: [] for name in names}
+    for _ in range(20):
+        # Claim until nothing more may run: the windows are tiny, so the claims set rows aside to reach each head.
+        running = []
+        for _ in range(12):
+            running += Message.objects.claim("fc-fifo", 1)
+        if not running:
+            break
+        groups = [m.group for m in running]
+        assert len(groups) == len(set(groups)), f"two messages of one group ran at once: {groups}"
+        if not any(ran.values()):
+            assert sorted(groups) == sorted(names)
+            assert set(set_aside("fc-fifo").values_list("group", flat=True)) == set(names)
+        for message in running:
+            ran[message.group].append(message.pk)
+            assert message.ack()
+    assert ran == sent
+    assert not Message.objects.filter(queue="fc-fifo").exists()
