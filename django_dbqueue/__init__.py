@@ -9,7 +9,7 @@ from ._version import __version__
 if TYPE_CHECKING:
     # What type checkers see: each public name, re-exported ("X as X"). At run
     # time __getattr__ below imports it on first use; tests/test_types.py keeps both in step.
-    from .control import CancelResult as CancelResult, cancel as cancel, replay as replay
+    from .control import CancelResult as CancelResult, acancel as acancel, cancel as cancel, replay as replay
     from .exceptions import (
         AlreadyReplayed as AlreadyReplayed,
         Cancelled as Cancelled,
@@ -28,7 +28,14 @@ if TYPE_CHECKING:
         UnknownOption as UnknownOption,
     )
     from .handlers import Defer as Defer, Reject as Reject, Retry as Retry, handler as handler
-    from .operations import ack_many as ack_many, claim as claim, enqueue as enqueue, enqueue_many as enqueue_many
+    from .operations import (
+        ack_many as ack_many,
+        aenqueue as aenqueue,
+        aenqueue_many as aenqueue_many,
+        claim as claim,
+        enqueue as enqueue,
+        enqueue_many as enqueue_many,
+    )
     from .outbox import (
         enqueue_on_delete as enqueue_on_delete,
         enqueue_on_save as enqueue_on_save,
@@ -36,9 +43,10 @@ if TYPE_CHECKING:
         publish_on_delete as publish_on_delete,
         publish_on_save as publish_on_save,
     )
-    from .request_reply import reply as reply, request as request
+    from .request_reply import arequest as arequest, reply as reply, request as request
     from .schedules.registry import schedule as schedule
     from .topics import (
+        apublish as apublish,
         publish as publish,
         subscribe as subscribe,
         subscribers as subscribers,
@@ -51,6 +59,8 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "enqueue": "operations",
     "enqueue_many": "operations",
+    "aenqueue": "operations",
+    "aenqueue_many": "operations",
     "claim": "operations",
     "ack_many": "operations",
     "handler": "handlers",
@@ -59,10 +69,12 @@ _EXPORTS = {
     "Retry": "handlers",
     "Defer": "handlers",
     "publish": "topics",
+    "apublish": "topics",
     "subscribers": "topics",
     "subscribe": "topics",
     "unsubscribe": "topics",
     "request": "request_reply",
+    "arequest": "request_reply",
     "reply": "request_reply",
     "enqueue_on_save": "outbox",
     "enqueue_on_delete": "outbox",
@@ -71,6 +83,7 @@ _EXPORTS = {
     "enqueue_saved": "outbox",
     "replay": "control",
     "cancel": "control",
+    "acancel": "control",
     "CancelResult": "control",
     "Cancelled": "exceptions",
     "DbQueueError": "exceptions",

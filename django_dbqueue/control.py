@@ -11,6 +11,8 @@ import enum
 from collections.abc import Iterable
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
 from . import signals, validation
 from .db.errors import with_retries
 from .exceptions import DbQueueError, InvalidOption
@@ -87,6 +89,11 @@ def cancel(message: Message | int, *, by: str = "", using: str = "default") -> C
         if finish(live, Outcome.CANCELLED, match="idle", worker=by, error=error):
             return CancelResult.ARCHIVED
     raise DbQueueError(f"message {pk} changed state {CANCEL_ROUNDS} times while it was being cancelled; try again")
+
+
+async def acancel(message: Message | int, *, by: str = "", using: str = "default") -> CancelResult:
+    """`cancel` from async code: `cancel` itself, in Django's thread for sync code (as `aenqueue`)."""
+    return await sync_to_async(cancel, thread_sensitive=True)(message, by=by, using=using)
 
 
 def run_now(message: Message) -> bool:

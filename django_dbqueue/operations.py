@@ -6,6 +6,11 @@ before anything is written, the lease guard, the database clock, bounded
 retries of the database's weather, and the lifecycle signals. These
 functions exist so that callers can write ``enqueue(...)`` and
 ``ack(message)`` without reaching for a manager.
+
+The producers have async twins (`aenqueue`, `aenqueue_many`): the sync
+function itself, run by ``sync_to_async(thread_sensitive=True)``, so that
+they take the same insert path and share the thread, the connection and
+any transaction of the caller's other thread-sensitive sync code.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
 from .models import Message, events
 from .models.consuming import backoff_delay, error_text
 from .models.messages import ENQUEUE_OPTIONS, build_message, default_worker_name
@@ -23,6 +30,8 @@ __all__ = [
     "ENQUEUE_OPTIONS",
     "ack",
     "ack_many",
+    "aenqueue",
+    "aenqueue_many",
     "attempts_left",
     "backoff_delay",
     "build_message",
@@ -65,6 +74,20 @@ def enqueue_many(queue: str, payloads: Iterable[Any], **options: Any) -> list[Me
     are not returned by the database and stay ``None``.
     """
     return Message.objects.enqueue_many(queue, payloads, **options)
+
+
+async def aenqueue(queue: str, payload: Any, **options: Any) -> Message:
+    """`enqueue` from async code (an async view, an ASGI consumer): the same options, checks and errors.
+
+    Runs `enqueue` in Django's thread for sync code (thread-sensitive), on
+    that thread's connection: in autocommit the message commits at once.
+    """
+    return await sync_to_async(enqueue, thread_sensitive=True)(queue, payload, **options)
+
+
+async def aenqueue_many(queue: str, payloads: Iterable[Any], **options: Any) -> list[Message]:
+    """`enqueue_many` from async code, run as `aenqueue` runs `enqueue`: one multi-row insert."""
+    return await sync_to_async(enqueue_many, thread_sensitive=True)(queue, payloads, **options)
 
 
 def enqueue_built(pending: list[tuple[Message, float | None]], using: str) -> list[Message]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
 from .conf import database_for, get_settings
 from .exceptions import InvalidOption
 from .models import Message, Subscription
@@ -96,3 +98,8 @@ def publish(topic: str, payload: Any, **options: Any) -> list[Message]:
         return []
     messages = enqueue_built(copies, using)
     return messages
+
+
+async def apublish(topic: str, payload: Any, **options: Any) -> list[Message]:
+    """`publish` from async code: `publish` itself, in Django's thread for sync code (as `aenqueue`)."""
+    return await sync_to_async(publish, thread_sensitive=True)(topic, payload, **options)

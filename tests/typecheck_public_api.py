@@ -10,7 +10,19 @@ from datetime import timedelta
 from typing import Any, assert_type
 
 import django_dbqueue
-from django_dbqueue import ack_many, claim, enqueue, enqueue_many, publish, request
+from django_dbqueue import (
+    acancel,
+    ack_many,
+    aenqueue,
+    aenqueue_many,
+    apublish,
+    arequest,
+    claim,
+    enqueue,
+    enqueue_many,
+    publish,
+    request,
+)
 from django_dbqueue.models import ArchivedMessage, Message
 
 
@@ -19,6 +31,14 @@ def producing() -> None:
     assert_type(enqueue_many("emails", [{"n": 1}, {"n": 2}]), list[Message])
     assert_type(publish("orders.created", {"id": 7}), list[Message])
     assert_type(Message.objects.using("default").enqueue("emails", {}), Message)
+
+
+async def producing_from_async_code() -> None:
+    assert_type(await aenqueue("emails", {"to": "a@example.com"}, delay=timedelta(seconds=5)), Message)
+    assert_type(await aenqueue_many("emails", [{"n": 1}, {"n": 2}]), list[Message])
+    assert_type(await apublish("orders.created", {"id": 7}), list[Message])
+    assert_type(await arequest("pricing", {"sku": "A1"}, timeout=5), Any)
+    assert_type(await acancel(7), django_dbqueue.CancelResult)
 
 
 def consuming() -> None:
