@@ -49,6 +49,14 @@ class Cancelled(DbQueueError):
     """
 
 
+class HandlerTimeout(DbQueueError, TimeoutError):
+    """An ``async def`` handler ran longer than the worker's ``--async-timeout`` and was cancelled.
+
+    The attempt fails with it: retried with backoff, dead when attempts run
+    out, as exec mode's ``--exec-timeout`` (docs/workers.md, "Async handlers").
+    """
+
+
 class NotClaimed(DbQueueError):
     """An operation that needs a claimed message was called on one that is not."""
 

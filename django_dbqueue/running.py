@@ -15,6 +15,12 @@ of rules (formerly ``django_dbqueue.dispatch``):
 - there is no handler: dead letter naming the queue and kind, or, with the
   queue's ``UNHANDLED = "keep"``, back in the queue for a handler to come.
 
+An ``async def`` handler follows the same rules (`adecide`): a worker runs
+it on its event loop (`django_dbqueue.worker.asyncloop`), where a cancel
+request or ``--async-timeout`` cancels its task; `decide` and `process`,
+outside a worker (tests, the immediate mode), run it to its end on an event
+loop of their own.
+
 A handler that has an ``after_record(message, outcome)`` method is told the
 outcome once it is written (or ``"lease lost"``, or ``"ack unknown"``), so it
 can announce what others can now read (the Tasks backend sends
@@ -23,16 +29,18 @@ can announce what others can now read (the Tasks backend sends
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from . import signals
 from .conf import get_settings, queue_options
-from .exceptions import Cancelled, NotClaimed
+from .exceptions import Cancelled, HandlerTimeout, NotClaimed
 from .handlers import Defer, Handler, Reject, Retry, find_handler
 from .models import Message
 from .models.consuming import error_text
@@ -99,15 +107,29 @@ class Verdict:
                 logger.exception("after_record of a handler failed (outcome %s)", outcome)
 
 
+def is_async(handler: Handler | None) -> bool:
+    """Whether ``handler`` is an ``async def`` function (or a callable whose ``__call__`` is one)."""
+    if handler is None:
+        return False
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__)
+
+
 def decide(message: Message, *, worker: str = "", handler: Handler | None = None) -> Verdict:
     """Run the handler (``handler`` overrides the registry, as exec mode does).
 
     With receivers of ``handler_started``/``handler_finished`` connected
     (metrics, tracing), they hear of the run; without, the cost is one test.
+    An ``async def`` handler runs to its end on an event loop of its own
+    (asgiref's ``async_to_sync``: its ORM calls come back to this thread);
+    a worker runs it on its loop instead (`adecide`).
     """
     handler = handler or find_handler(message.queue, message.kind)
     if handler is None:
         return _unhandled(message)
+    if is_async(handler):
+        from asgiref.sync import async_to_sync
+
+        return async_to_sync(adecide)(message, worker=worker, handler=handler)
     if not (signals.handler_started.receivers or signals.handler_finished.receivers):
         return _run(message, handler, worker)
     signals.handler_started.send_robust(Message, message=message, worker=worker)
@@ -120,24 +142,94 @@ def decide(message: Message, *, worker: str = "", handler: Handler | None = None
     return verdict
 
 
-def _run(message: Message, handler: Handler, worker: str) -> Verdict:
+async def adecide(
+    message: Message, *, worker: str = "", handler: Handler | None = None, timeout: float | None = None
+) -> Verdict:
+    """`decide` for an ``async def`` handler, awaited on the caller's event loop.
+
+    The task running it may be cancelled (``asyncio`` cancellation at the
+    handler's next ``await``): once cancel was asked for the message, that
+    ends it as cancelled, as `Cancelled` does a sync handler. Past
+    ``timeout`` seconds the handler is cancelled and the attempt fails with
+    `HandlerTimeout` (retried, dead when attempts run out). Any other
+    cancellation (the worker abandoning it) propagates.
+    """
+    handler = handler or find_handler(message.queue, message.kind)
+    if handler is None:
+        return _unhandled(message)
+    notify = bool(signals.handler_started.receivers or signals.handler_finished.receivers)
+    if notify:
+        signals.handler_started.send_robust(Message, message=message, worker=worker)
+    started = time.perf_counter()
+    verdict = await _arun(message, handler, worker, timeout)
+    if notify:
+        duration = time.perf_counter() - started
+        signals.handler_finished.send_robust(
+            Message, message=message, worker=worker, outcome=verdict.outcome, duration=duration
+        )
+    return verdict
+
+
+def _verdicts(message: Message, handler: Handler) -> Callable[..., Verdict]:
     after_record = getattr(handler, "after_record", None)
-    verdict = partial(Verdict, recorded=partial(after_record, message) if after_record else None)
+    return partial(Verdict, recorded=partial(after_record, message) if after_record else None)
+
+
+def _cancelled_before(message: Message, verdict: Callable[..., Verdict]) -> Verdict | None:
     if message.cancel_requested():  # flagged before it started: read with the claim, or seen by a heartbeat
         return verdict(HandlerOutcome.CANCELLED, partial(message.archive_cancelled, "cancelled before it ran"))
+    return None
+
+
+def _run(message: Message, handler: Handler, worker: str) -> Verdict:
+    verdict = _verdicts(message, handler)
+    if (before := _cancelled_before(message, verdict)) is not None:
+        return before
     try:
         result = handler(message)
     except Exception as exc:
-        if isinstance(exc, Cancelled) or message.cancel_requested():
-            # Whatever the handler raised once cancel was asked, it is cancelled: never retried.
-            if isinstance(exc, Cancelled):
-                reason = f"cancelled while it ran: {exc}"
-            else:
-                reason = f"cancelled while it ran; the handler then raised:\n{error_text(exc)}"
-            return verdict(HandlerOutcome.CANCELLED, partial(message.archive_cancelled, reason))
-        return _raised(message, exc, verdict)
+        return _failed(message, exc, verdict)
+    if inspect.isawaitable(result):  # not an ``async def``, yet it returned one: never awaited, never acked
+        if inspect.iscoroutine(result):
+            result.close()
+        error = TypeError(f"the handler returned {type(result).__name__} to await; declare it with async def")
+        return verdict(HandlerOutcome.FAILED, partial(message.fail, error), error=error)
     # A handler that finished despite a cancel request did its work: it is acked.
     return verdict(HandlerOutcome.ACKED, partial(message.ack, worker=worker, result=result), result)
+
+
+async def _arun(message: Message, handler: Handler, worker: str, timeout: float | None) -> Verdict:
+    verdict = _verdicts(message, handler)
+    if (before := _cancelled_before(message, verdict)) is not None:
+        return before
+    running: Awaitable[Any] = handler(message)
+    try:
+        async with asyncio.timeout(timeout) as limit:
+            result = await running
+    except asyncio.CancelledError as exc:
+        if not message.cancel_requested():
+            raise  # not ours to decide: the worker abandons it
+        reason = "cancelled while it ran (asyncio cancellation at the handler's next await)"
+        return verdict(HandlerOutcome.CANCELLED, partial(message.archive_cancelled, reason), error=str(exc) or None)
+    except Exception as exc:
+        if isinstance(exc, TimeoutError) and limit.expired() and not message.cancel_requested():
+            error = HandlerTimeout(f"the handler ran longer than {timeout:g}s and was cancelled")
+            error.__cause__ = exc
+            return verdict(HandlerOutcome.FAILED, partial(message.fail, error), error=error)
+        return _failed(message, exc, verdict)
+    return verdict(HandlerOutcome.ACKED, partial(message.ack, worker=worker, result=result), result)
+
+
+def _failed(message: Message, exc: Exception, verdict: Callable[..., Verdict]) -> Verdict:
+    """What a handler that raised ``exc`` comes to: cancelled once cancel was asked, else `_raised`."""
+    if isinstance(exc, Cancelled) or message.cancel_requested():
+        # Whatever the handler raised once cancel was asked, it is cancelled: never retried.
+        if isinstance(exc, Cancelled):
+            reason = f"cancelled while it ran: {exc}"
+        else:
+            reason = f"cancelled while it ran; the handler then raised:\n{error_text(exc)}"
+        return verdict(HandlerOutcome.CANCELLED, partial(message.archive_cancelled, reason))
+    return _raised(message, exc, verdict)
 
 
 def _raised(message: Message, exc: Exception, verdict: Callable[..., Verdict]) -> Verdict:

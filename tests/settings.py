@@ -99,6 +99,7 @@ DBQUEUE = {
         "short": {"VISIBILITY_TIMEOUT": 1, "MAX_ATTEMPTS": 2},
         "elsewhere": {"DATABASE": "queues"},
         "t-retry": {"BACKOFF_BASE": 0},
+        "a-outcomes": {"BACKOFF_BASE": 0, "MAX_ATTEMPTS": 2},
         # Flow control (tests/test_flow_control.py, tests/test_flow_processes.py).
         "fc-groups": {"GROUP_CONCURRENCY": 2, "KIND_GROUP_CONCURRENCY": {"solo": 1}},
         "fc-fifo": {"ORDERED": True, "BACKOFF_BASE": 0.2, "BACKOFF_JITTER": 0},

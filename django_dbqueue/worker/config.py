@@ -23,6 +23,9 @@ class WorkerConfig:
 
     queues: list[str] = field(default_factory=list)
     concurrency: int = 1
+    # Async handlers (worker/asyncloop.py): how many run at once on the process's event loop, and for how long.
+    async_concurrency: int = 100
+    async_timeout: float | None = None
     batch_size: int = 1
     poll_interval: float | None = None
     max_poll_interval: float | None = None

@@ -20,21 +20,27 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Hashable
 from functools import partial
+from typing import TYPE_CHECKING
 
 from django.db import connections
 
 from ..console import MESSAGES, event
 from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import DbQueueError
+from ..handlers import find_handler
 from ..models import Message, QueueState
-from ..running import HandlerOutcome, Verdict, decide, ends_dead
+from ..running import HandlerOutcome, Verdict, decide, ends_dead, is_async
 from .completer import Completer, CompleterGone, Handover
 from .config import WorkerConfig
 from .ledger import Ledger
 from .lifecycle import Ending, Lifecycle
 from .recycling import Recycler
 from .writing import GaveUp, Writer, first_line, warn_unwritten
+
+if TYPE_CHECKING:
+    from .asyncloop import EventLoop
 
 logger = logging.getLogger("django_dbqueue")
 # A line per finished message: its own logger, so a project can set its level apart (docs/workers.md).
@@ -79,10 +85,14 @@ class Consumer:
         paused: PausedQueues,
         completer: Completer,
         recycler: Recycler | None = None,
+        event_loop: EventLoop | None = None,
+        served: list[str] | None = None,
     ) -> None:
         self.slot = slot
         self.name = name
         self.queues = queues
+        # Every queue of the worker: "empty" (--until-empty) is decided over them all, not this thread's share.
+        self.served = served or queues
         self.using = using
         self.config = config
         self.poll_interval = poll_interval
@@ -94,6 +104,8 @@ class Consumer:
         # Acks are written by the completer, a batch at a time; their leases stay held until then.
         self.completer = completer
         self.recycler = recycler  # a pool's child's limits, checked between messages
+        # The worker's event loop: where an async handler of a queue this thread claims runs.
+        self.event_loop = event_loop
         self._handed: Handover | None = None  # the last batch handed over, until it is written
 
     def run(self) -> None:
@@ -140,8 +152,9 @@ class Consumer:
             finally:
                 connections.close_all()
 
-    def claim(self) -> list[Message]:
-        """Claim what this thread may take now: a batch of the unpaused queues, within --max-messages.
+    def claim(self, wanted: int | None = None) -> list[Message]:
+        """Claim what this thread may take now: a batch (``wanted``, else --batch-size) of the unpaused
+        queues, within --max-messages.
 
         The claim is in the ledger from before it starts until its messages
         are handed over (`Ledger.claiming`): its rows are leased when
@@ -153,7 +166,7 @@ class Consumer:
         queues = [q for q in self.queues if q not in paused]
         if not queues:
             return []
-        limit = self.ledger.room(self.config.batch_size, self.config.max_messages)
+        limit = self.ledger.room(wanted or self.config.batch_size, self.config.max_messages)
         if limit <= 0:
             return []
         with self.ledger.claiming(self.slot) as allowed:
@@ -182,7 +195,7 @@ class Consumer:
             return False
         empty = False
         try:
-            empty = not Message.objects.using(self.using).any_claimable(self.queues)
+            empty = not Message.objects.using(self.using).any_claimable(self.served)
         finally:
             if not empty:
                 self.ledger.reopen()
@@ -193,16 +206,27 @@ class Consumer:
     def process(self, message: Message) -> None:
         """Run the (running) message's handler and write its outcome, or leave its ack to the batch."""
         started = time.monotonic()
-        verdict = decide(message, worker=self.name, handler=self.config.handler)
+        self.conclude(message, self.decide(message), started)
+
+    def decide(self, message: Message) -> Verdict:
+        """The handler's verdict; an async handler runs on the worker's loop while this thread waits."""
+        handler = self.config.handler or find_handler(message.queue, message.kind)
+        if self.event_loop is not None and handler is not None and is_async(handler):
+            return self.event_loop.submit(message, handler, self.name).result()
+        return decide(message, worker=self.name, handler=self.config.handler)
+
+    def conclude(self, message: Message, verdict: Verdict, started: float, key: Hashable | None = None) -> None:
+        """Write ``verdict``, or leave its ack to the batch; ``key``: what the message runs under in the ledger."""
+        key = self.slot if key is None else key
         dead = False
         if verdict.outcome == HandlerOutcome.ACKED and message.lease_token:
-            self.ledger.await_ack(self.slot, verdict)
+            self.ledger.await_ack(key, verdict, batch=self.slot)
             outcome = HandlerOutcome.ACKED  # written by the completer with its batch; a lost lease is logged then
         else:  # a handler that released or failed its own message left no lease token: "lease lost" at once
             outcome = self.record(message, verdict)
             dead = ends_dead(message, outcome)
             ok = outcome in (HandlerOutcome.ACKED, HandlerOutcome.DEFERRED)
-            self.ledger.finish(self.slot, ok=ok, dead=dead)
+            self.ledger.finish(key, ok=ok, dead=dead)
         log_finished(message, outcome, dead, verdict.error, time.monotonic() - started)
 
     def record(self, message: Message, verdict: Verdict) -> str:

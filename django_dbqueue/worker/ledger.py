@@ -91,15 +91,21 @@ class Ledger:
         with self._lock:
             self._claimed.setdefault(slot, deque()).extend(messages)
 
-    def start(self, slot: Hashable) -> Message | None:
-        """The next claimed message of ``slot``, now running; None when it has none left."""
+    def start(self, slot: Hashable, *, running_as: Hashable | None = None) -> Message | None:
+        """The next claimed message of ``slot``, now running; None when it has none left.
+
+        ``running_as``: the key it runs under instead of ``slot`` (the async
+        consumer runs many at once, each under a key of its own; pass that
+        key to `finish` and `await_ack`).
+        """
+        key = slot if running_as is None else running_as
         with self._lock:
-            if slot in self._running:
-                raise RuntimeError(f"slot {slot!r} already runs message {self._running[slot].pk}")
+            if key in self._running:
+                raise RuntimeError(f"slot {key!r} already runs message {self._running[key].pk}")
             held = self._claimed.get(slot)
             if not held:
                 return None
-            message = self._running[slot] = held.popleft()
+            message = self._running[key] = held.popleft()
             return message
 
     def finish(self, slot: Hashable, ok: bool | None = None, *, dead: bool = False) -> Message | None:
@@ -118,16 +124,18 @@ class Ledger:
                     self._dead += 1
             return message
 
-    def await_ack(self, slot: Hashable, note: Any = None) -> None:
+    def await_ack(self, slot: Hashable, note: Any = None, *, batch: Hashable | None = None) -> None:
         """``slot``'s running message succeeded; its ack waits to be written with the batch.
 
-        ``note`` travels with it to `unacked` (the worker keeps the verdict there).
+        ``note`` travels with it to `unacked` (the worker keeps the verdict
+        there); ``batch``: the slot whose batch it joins, when it ran under a
+        key of its own (`start`'s ``running_as``).
         """
         with self._lock:
             message = self._running.pop(slot, None)
             if message is None:
                 raise RuntimeError(f"slot {slot!r} runs no message")
-            self._unacked.setdefault(slot, []).append((message, note))
+            self._unacked.setdefault(slot if batch is None else batch, []).append((message, note))
 
     def unacked(self, slot: Hashable) -> list[tuple[Message, Any]]:
         """The messages of ``slot`` waiting for their ack, oldest first, with their notes (a copy)."""

@@ -6,7 +6,11 @@ consumer threads (`consumer`), a completer that writes their acks
 listener (`listener`: NOTIFY on PostgreSQL, nudges elsewhere), with ``--reap`` a reaper
 (`django_dbqueue.reaper.Reaper.loop`). What they hold is in one
 `Ledger`; the events they share and what a crash does are
-in `Lifecycle`.
+in `Lifecycle`. When a served queue has an ``async def`` handler, an event
+loop on a thread of its own runs them (`asyncloop`), fed by an
+`AsyncConsumer` thread that claims for its free slots
+(``--async-concurrency``); the consumer threads serve the other queues
+(`split_queues`).
 
 Shutdown: the first SIGTERM/SIGINT stops claiming, releases claimed but
 unstarted messages at once and lets running handlers finish within
@@ -42,8 +46,11 @@ from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import InvalidOption
 from ..models import Message
 from ..reaper import Reaper
+from ..running import is_async
 from ..schedules.scheduler import Scheduler
 from ..validation import validate_queues
+from .asyncconsumer import AsyncConsumer
+from .asyncloop import EventLoop
 from .completer import Completer
 from .config import ExitStatus, WorkerConfig
 from .consumer import Consumer, PausedQueues
@@ -95,6 +102,10 @@ class QueueWorker:
                 self.tether, max_messages=config.max_messages_per_child, max_memory=config.max_memory_per_child
             )
         self.completer = Completer(name=self.name, using=self.using, ledger=self.ledger, lifecycle=self.lifecycle)
+        self.async_queues, self.sync_queues, mixed = self.split_queues()
+        self.event_loop: EventLoop | None = None
+        if self.async_queues or mixed:
+            self.event_loop = EventLoop(self.name, self.lifecycle, timeout=config.async_timeout)
         self._signalled = False
         self._previous_handlers: dict[int, Any] = {}
 
@@ -106,22 +117,52 @@ class QueueWorker:
     def failed(self) -> int:
         return self.ledger.counts().failed
 
+    def split_queues(self) -> tuple[list[str], list[str], list[str]]:
+        """The served queues as (async, sync, mixed): who claims which.
+
+        A queue whose handlers are all ``async def`` is the async consumer's;
+        any other (a sync handler, none, exec mode) the consumer threads'. A
+        mixed queue (sync and async kinds) is the threads' too: its async
+        kinds run on the loop while the thread that claimed them waits.
+        """
+        if self.config.handler is not None:
+            return [], list(self.queues), []
+        kinds: dict[str, list[bool]] = {}
+        for (queue, _), function in handler_registry.registered().items():
+            kinds.setdefault(queue, []).append(is_async(function))
+        asynchronous = [q for q in self.queues if kinds.get(q) and all(kinds[q])]
+        mixed = [q for q in self.queues if any(kinds.get(q, ())) and not all(kinds[q])]
+        return asynchronous, [q for q in self.queues if q not in asynchronous], mixed
+
     def consumer(self, slot: int, paused: PausedQueues | None = None) -> Consumer:
-        """The consumer that runs in thread ``slot`` (one per --concurrency)."""
-        return Consumer(
+        """The consumer that runs in thread ``slot`` (one per --concurrency), over the queues of sync handlers."""
+        return Consumer(slot, queues=self.sync_queues, **self._consumer_kwargs(paused))
+
+    def async_consumer(self, slot: int, paused: PausedQueues | None = None) -> AsyncConsumer:
+        """The thread that claims for the event loop, over the queues of async handlers."""
+        assert self.event_loop is not None
+        return AsyncConsumer(
             slot,
-            name=self.name,
-            queues=self.queues,
-            using=self.using,
-            config=self.config,
-            poll_interval=self.poll_interval,
-            max_poll_interval=self.max_poll_interval,
-            ledger=self.ledger,
-            lifecycle=self.lifecycle,
-            paused=paused or PausedQueues(self.using),
-            completer=self.completer,
-            recycler=self.recycler,
+            queues=self.async_queues,
+            concurrency=self.config.async_concurrency,
+            **self._consumer_kwargs(paused),
         )
+
+    def _consumer_kwargs(self, paused: PausedQueues | None) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "served": self.queues,
+            "using": self.using,
+            "config": self.config,
+            "poll_interval": self.poll_interval,
+            "max_poll_interval": self.max_poll_interval,
+            "ledger": self.ledger,
+            "lifecycle": self.lifecycle,
+            "paused": paused or PausedQueues(self.using),
+            "completer": self.completer,
+            "recycler": self.recycler,
+            "event_loop": self.event_loop,
+        }
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -134,11 +175,19 @@ class QueueWorker:
         self.heartbeat.nudge_address = listener.open()  # in the worker row, for producers to nudge
         self.heartbeat.register()
         paused = PausedQueues(self.using)
-        consumers = [
-            life.thread(self.consumer(n, paused).run, f"dbqueue-consumer-{n}") for n in range(self.config.concurrency)
-        ]
+        consumers = []
+        if self.sync_queues:
+            consumers = [
+                life.thread(self.consumer(n, paused).run, f"dbqueue-consumer-{n}")
+                for n in range(self.config.concurrency)
+            ]
+        if self.async_queues:
+            slot = self.config.concurrency
+            consumers.append(life.thread(self.async_consumer(slot, paused).run, "dbqueue-async-consumer"))
         completer = life.thread(self.completer.run, "dbqueue-completer")
         helpers = [completer, life.thread(lambda: self.heartbeat.run(life.finished), "dbqueue-heartbeat")]
+        if self.event_loop is not None:
+            helpers += self.event_loop.threads()
         if listener.available():
             helpers.append(life.thread(lambda: listener.run(life.stopping, life.wake), "dbqueue-listener"))
         if self.config.reap:
@@ -165,6 +214,8 @@ class QueueWorker:
         # and what the completer still retries is given up with the rest (finished).
         self.completer.close()
         life.finished.set()
+        if self.event_loop is not None:
+            self.event_loop.stop()
         for thread in helpers:
             thread.join(timeout=5)
         if life.crashed:
@@ -215,6 +266,7 @@ class QueueWorker:
             *(f"               {line}" for line in queues[1:]),
             f"  concurrency  {self.config.concurrency}, batch size {self.config.batch_size}, "
             f"schedules {schedules}, reaper {reaper}",
+            *([f"  async        {self.async_description()}"] if self.event_loop is not None else []),
             *([f"  pool         a child of {self.config.supervisor}"] if self.config.supervisor else []),
             "  stop with CONTROL-C or SIGTERM (a second one stops at once)",
         ]
@@ -229,9 +281,18 @@ class QueueWorker:
             "schedules": self.scheduler is not None,
             "reaper": self.config.reap,
         }
+        if self.event_loop is not None:
+            fields["async_concurrency"] = self.config.async_concurrency
+            fields["async_queues"] = self.async_queues
         if self.config.supervisor:
             fields["supervisor"] = self.config.supervisor
         logger.info("%s", "\n".join(lines), extra=event("banner", **fields))
+
+    def async_description(self) -> str:
+        """The banner's line on the event loop: how many at once, over which queues."""
+        timeout = f", timeout {self.config.async_timeout:g}s" if self.config.async_timeout else ""
+        served = ", ".join(self.async_queues) or "none of its own (mixed queues' async kinds)"
+        return f"{self.config.async_concurrency} at once on one event loop{timeout}; queues {served}"
 
     def log_summary(self, status: ExitStatus, elapsed: float, waiting: int | None = None) -> None:
         """One line on exit: how it ended and what it did, and what still waits when it ran until empty.

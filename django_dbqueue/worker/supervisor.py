@@ -237,7 +237,9 @@ class Supervisor:
         """
         c = self.config
         args = [*self.queues, "--concurrency", str(c.concurrency), "--batch-size", str(c.batch_size)]
+        args += ["--async-concurrency", str(c.async_concurrency)]
         for option, value in (
+            ("--async-timeout", c.async_timeout),
             ("--poll-interval", c.poll_interval),
             ("--max-poll-interval", c.max_poll_interval),
             ("--visibility-timeout", c.visibility_timeout),

@@ -176,3 +176,63 @@ def in_order(message):
     time.sleep(0.01)
     mark("end", message)  # before its acknowledgement: the next of its group cannot start before this line
     return {"start": started, "end": time.time()}
+
+
+# --- async def handlers (tests/test_async_handlers.py): they run on the worker's event loop ---------
+
+IN_FLIGHT = [0]  # how many async handlers of this process are between their start and their end
+
+
+@django_dbqueue.handler("a-sleep")
+async def async_sleep(message):
+    """Awaits ``sleep`` seconds (on the first attempt only, with ``first_only``); returns how many ran at its start."""
+    import asyncio
+
+    IN_FLIGHT[0] += 1
+    try:
+        mark("start", message)
+        running = IN_FLIGHT[0]
+        if message.attempts == 1 or not message.payload.get("first_only"):
+            await asyncio.sleep(message.payload.get("sleep", 0))
+        mark("done", message)
+        return {"in_flight": running, "pid": os.getpid()}
+    finally:
+        IN_FLIGHT[0] -= 1
+
+
+@django_dbqueue.handler("a-outcomes")
+async def async_outcomes(message):
+    """Raises, rejects, reports progress or blocks the loop, as the payload says; reads the ORM as async code does."""
+    import asyncio
+
+    from django_dbqueue.models import Message
+
+    mark("start", message)
+    action = message.payload.get("action")
+    if action == "raise":
+        raise ValueError(f"asked to fail: {message.payload}")
+    if action == "reject":
+        raise django_dbqueue.Reject("not for us")
+    if action == "block":  # a blocking call on the loop: the worker warns
+        time.sleep(message.payload.get("sleep", 0))
+    if action == "progress":
+        message.set_progress(1, 2, note="half")
+        message.update_meta(step="one")
+    await asyncio.sleep(0)
+    seen = await Message.objects.filter(pk=message.pk).aexists()  # the async ORM, on its own connection
+    return {"seen": seen}
+
+
+@django_dbqueue.handler("a-mixed", kind="sync")
+def mixed_sync(message):
+    mark("done", message)
+    return {"how": "sync", "pid": os.getpid()}
+
+
+@django_dbqueue.handler("a-mixed", kind="async")
+async def mixed_async(message):
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    mark("done", message)
+    return {"how": "async", "pid": os.getpid()}

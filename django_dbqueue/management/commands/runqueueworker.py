@@ -33,6 +33,19 @@ class Command(BaseCommand):
         parser.add_argument("queues", nargs="*", metavar="QUEUE", help="Queues to serve (default: every handled one).")
         parser.add_argument("--concurrency", type=positive_int, default=1, help="Handler threads (default 1).")
         parser.add_argument("--batch-size", type=positive_int, default=1, help="Messages per claim (default 1).")
+        parser.add_argument(
+            "--async-concurrency",
+            type=positive_int,
+            default=100,
+            metavar="N",
+            help="async def handlers running at once on the process's event loop (default 100).",
+        )
+        parser.add_argument(
+            "--async-timeout",
+            type=positive_float,
+            metavar="SECONDS",
+            help="Cancel an async def handler running longer; the attempt fails (HandlerTimeout).",
+        )
         parser.add_argument("--poll-interval", type=positive_float, help="First idle wait in seconds.")
         parser.add_argument("--max-poll-interval", type=positive_float, help="Longest idle wait in seconds.")
         parser.add_argument("--visibility-timeout", type=positive_float, help="Lease length in seconds.")
@@ -120,6 +133,8 @@ class Command(BaseCommand):
             queues=options["queues"],
             concurrency=options["concurrency"],
             batch_size=options["batch_size"],
+            async_concurrency=options["async_concurrency"],
+            async_timeout=options["async_timeout"],
             poll_interval=options["poll_interval"],
             max_poll_interval=options["max_poll_interval"],
             visibility_timeout=options["visibility_timeout"],
