@@ -121,7 +121,21 @@ def test_idle_reports_the_cpu_share_of_one_idle_default_worker(monkeypatch, caps
 def test_soak_and_idle_are_left_out_unless_asked_for():
     from django_dbqueue.contrib.bench.runner import DEFAULT_PHASES, PHASES
 
-    assert {"soak", "idle"} <= set(PHASES) and not {"soak", "idle"} & set(DEFAULT_PHASES)
+    opt_in = {"soak", "idle", "async_io"}
+    assert opt_in <= set(PHASES) and not opt_in & set(DEFAULT_PHASES)
+
+
+def test_async_io_drains_with_async_handlers_threads_and_a_pool(monkeypatch, capsys):
+    """Three real runqueueworker runs over the same messages (no speed asserted here)."""
+    monkeypatch.setenv("DBQUEUE_TEST_DATABASE_NAME", str(connection.settings_dict["NAME"]))
+    call_command("queuebench", "--phases=async_io", "--io-messages=40", "--json")
+    [result] = json.loads(capsys.readouterr().out)["results"]
+    extra = result["extra"]
+    assert result["phase"] == "async_io (--async-concurrency 500)" and result["unit"] == "messages/s"
+    assert result["ours"] == extra["async_rate"] > 0 and result["baseline"] == extra["threads_rate"] > 0
+    assert extra["pool_rate"] > 0 and extra["messages"] == 40
+    assert extra["async_rss_mb"] > 0 and extra["threads_rss_mb"] > 0 and extra["pool_rss_mb"] > 0
+    assert not ArchivedMessage.objects.filter(queue__startswith="queuebench.").exists()
 
 
 @pytest.mark.django_db

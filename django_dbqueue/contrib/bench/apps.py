@@ -4,6 +4,8 @@ from django.apps import AppConfig
 
 # Set by the cpu_bound phase for the workers it starts: they register the handler of queuebench.cpu (cpu.py).
 CPU_HANDLER_ENVIRONMENT = "DBQUEUE_BENCH_CPU_HANDLER"
+# Set by the async_io phase for the workers it starts: they register the handlers of its queues (io.py).
+IO_HANDLER_ENVIRONMENT = "DBQUEUE_BENCH_IO_HANDLERS"
 
 
 class QueueBenchConfig(AppConfig):
@@ -18,3 +20,7 @@ class QueueBenchConfig(AppConfig):
             from .cpu import register
 
             register()
+        if os.environ.get(IO_HANDLER_ENVIRONMENT):
+            from .io import register as register_io
+
+            register_io()

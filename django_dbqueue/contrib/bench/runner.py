@@ -36,9 +36,11 @@ from ...management.arguments import cpu_count
 from ...models import ArchivedMessage, FlowGroup, Message
 from ...operations import ack_many, build_message, claim, enqueue, enqueue_many
 from ...reaper import Reaper
-from .apps import CPU_HANDLER_ENVIRONMENT
+from .apps import CPU_HANDLER_ENVIRONMENT, IO_HANDLER_ENVIRONMENT
 from .cpu import QUEUE as CPU_QUEUE
 from .cpu import rounds_for
+from .io import ASYNC_QUEUE as IO_ASYNC_QUEUE
+from .io import SYNC_QUEUE as IO_SYNC_QUEUE
 from .rawsql import RawProtocol, count_written, create_write_table, drop_write_table, table_size
 
 PHASES = (
@@ -55,15 +57,20 @@ PHASES = (
     "cpu_bound",
     "soak",
     "idle",
+    "async_io",
 )
-# Phases run only when asked for (--phases): they take minutes at their default sizes.
-DEFAULT_PHASES = PHASES[:-2]
+# Phases run only when asked for (--phases): they take minutes at their default sizes, or long waits.
+OPT_IN_PHASES = ("soak", "idle", "async_io")
+DEFAULT_PHASES = tuple(phase for phase in PHASES if phase not in OPT_IN_PHASES)
 PREFIX = "queuebench."
 GROUPS_QUEUE = PREFIX + "groups"
 GROUPS = 1000
 CPU_MS = 20.0  # the cpu_bound phase's handler: milliseconds of pure Python per message
 CPU_THREADS, CPU_PROCESSES = 4, 2
 CPU_BASELINE = f"one runqueueworker process with --concurrency {CPU_THREADS}"
+IO_MS = 100.0  # the async_io phase's handlers: milliseconds of simulated I/O per message
+IO_THREADS, IO_PROCESSES, IO_ASYNC = 8, 2, 500  # --concurrency, --processes, --async-concurrency
+IO_BASELINE = f"one runqueueworker process with --concurrency {IO_THREADS} (time.sleep)"
 
 
 @dataclass
@@ -84,6 +91,7 @@ class BenchConfig:
     soak_messages: int = 1_000_000
     idle_seconds: float = 10.0
     cpu_messages: int = 400  # the cpu_bound phase: messages of CPU_MS each
+    io_messages: int = 2_000  # the async_io phase: messages of IO_MS each
     nudges: bool = True  # False: workers wait for their poll only (MySQL/MariaDB, SQLite)
 
 
@@ -169,6 +177,29 @@ def spawn(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", ""))
     return subprocess.Popen(command, env=env)
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of process ``pid`` and its descendants, in MB, from /proc (0 where it cannot be read)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/statm") as statm:
+                rss[int(entry)] = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += rss.get(current, 0.0)
+        todo += children.get(current, [])
+    return total
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -597,6 +628,61 @@ class QueueBench:
         span = archive.aggregate(first=Min("claimed_at"), last=Max("finished_at"))
         seconds: float = (span["last"] - span["first"]).total_seconds()
         return messages / max(seconds, 1e-6)
+
+    def phase_async_io(self) -> list[Result]:
+        """I/O-bound handlers (``IO_MS`` of waiting per message): one process whose ``async def`` handler
+        awaits, ``--async-concurrency IO_ASYNC``, against the same wait slept by a sync handler in one
+        process of ``IO_THREADS`` threads, and in a pool of ``IO_PROCESSES`` such processes.
+
+        Rates as in ``cpu_bound`` (first claim to last finish, from the
+        archive); memory is the peak resident memory of the worker's process
+        tree (a pool: supervisor and children), sampled while it drains.
+        """
+        queues = {database_for(IO_ASYNC_QUEUE), database_for(IO_SYNC_QUEUE)}
+        if queues != {self.using}:
+            self.say(f"async_io: skipped; its workers serve its queues on their own database, not {self.using}")
+            return []
+        messages, seconds = self.config.io_messages, IO_MS / 1000
+        runs = {
+            "async": self._io_drain(IO_ASYNC_QUEUE, messages, seconds, "--async-concurrency", str(IO_ASYNC)),
+            "threads": self._io_drain(IO_SYNC_QUEUE, messages, seconds, "--concurrency", str(IO_THREADS)),
+            "pool": self._io_drain(
+                IO_SYNC_QUEUE, messages, seconds, "--processes", str(IO_PROCESSES), "--concurrency", str(IO_THREADS)
+            ),
+        }
+        extra: dict[str, Any] = {
+            "messages": messages,
+            "handler_ms": IO_MS,
+            "async_concurrency": IO_ASYNC,
+            "threads": IO_THREADS,
+            "processes": IO_PROCESSES,
+            "baseline": IO_BASELINE,
+        }
+        for name, (rate, rss) in runs.items():
+            extra[f"{name}_rate"], extra[f"{name}_rss_mb"] = rate, rss
+        extra["pool_ratio"] = runs["async"][0] / runs["pool"][0] if runs["pool"][0] else 0.0
+        ours, baseline = runs["async"][0], runs["threads"][0]
+        return [Result(f"async_io (--async-concurrency {IO_ASYNC})", ours, "messages/s", baseline, extra)]
+
+    def _io_drain(self, queue: str, messages: int, seconds: float, *options: str) -> tuple[float, float]:
+        """``runqueueworker QUEUE --until-empty OPTIONS`` drains ``messages``: messages/s and peak RSS in MB."""
+        self.clean()
+        enqueue_many(queue, [{"seconds": seconds}] * messages, using=self.using)
+        command = [sys.executable, "-m", "django", "runqueueworker", queue, "--until-empty", "--no-schedules"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), IO_HANDLER_ENVIRONMENT: "1"}
+        worker = subprocess.Popen([*command, "-v", "0", *options], env=env)
+        peak = 0.0
+        while worker.poll() is None:
+            peak = max(peak, tree_rss_mb(worker.pid))
+            time.sleep(0.05)
+        if worker.returncode != 0:
+            raise RuntimeError(f"async_io: runqueueworker {' '.join(options)} exited with {worker.returncode}")
+        archive = ArchivedMessage.objects.using(self.using).filter(queue=queue)
+        if archive.count() != messages or archive.values("message_id").distinct().count() != messages:
+            raise RuntimeError(f"async_io: {archive.count()} of {messages} messages drained")
+        span = archive.aggregate(first=Min("claimed_at"), last=Max("finished_at"))
+        elapsed: float = (span["last"] - span["first"]).total_seconds()
+        return messages / max(elapsed, 1e-6), peak
 
     # --- data ------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--phases",
             default=",".join(DEFAULT_PHASES),
-            help=f"Comma-separated, from: {', '.join(PHASES)} (soak and idle only when named).",
+            help=f"Comma-separated, from: {', '.join(PHASES)} (soak, idle and async_io only when named).",
         )
         parser.add_argument("--rate", type=positive_int, default=200, help="Offered load of the latency phase (msg/s).")
         parser.add_argument("--latency-seconds", type=float, default=10.0)
@@ -59,6 +59,12 @@ class Command(BaseCommand):
             type=positive_int,
             default=400,
             help="Messages of the cpu_bound phase (20 ms of pure Python each).",
+        )
+        parser.add_argument(
+            "--io-messages",
+            type=positive_int,
+            default=2_000,
+            help="Messages of the async_io phase (100 ms of simulated I/O each).",
         )
         parser.add_argument("--repeat", type=positive_int, default=1, help="Runs of every phase; medians reported.")
         parser.add_argument(
@@ -113,6 +119,7 @@ class Command(BaseCommand):
             idle_seconds=options["idle_seconds"],
             nudges=not options["no_nudges"],
             cpu_messages=options["cpu_messages"],
+            io_messages=options["io_messages"],
         )
         if config.idle_seconds <= 0:
             raise CommandError("--idle-seconds must be positive")
