@@ -6,6 +6,8 @@ the real sizes: the claim sets held-back rows aside to reach past them,
 and brings them back, at their own place, when the rules let them through.
 """
 
+import time
+
 import pytest
 
 import django_dbqueue
@@ -123,6 +125,40 @@ def test_a_claim_that_a_per_group_rate_holds_back_says_when_the_next_slot_frees(
     held = Message.objects.claim("rate-q", 1)
     assert held == []
     assert held.retry_in is not None and 50 < held.retry_in <= 60, held.retry_in
+
+
+def test_a_process_that_found_none_set_aside_skips_the_look_for_a_while_then_brings_back_what_another_set_aside(
+    monkeypatch,
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    monkeypatch.setattr(flow, "QUIET_ASIDE_SECONDS", 0.5)
+    flow._QUIET.clear()
+    head = django_dbqueue.enqueue("fc-fifo", {"n": 0}, group="g")
+    later = django_dbqueue.enqueue("fc-fifo", {"n": 1}, group="g")
+
+    def looks(queries):  # the look for set-aside messages reads those of SET_ASIDE_PRIORITY (the window: below it)
+        return any(f"= {SET_ASIDE_PRIORITY}" in q["sql"] for q in queries)
+
+    with CaptureQueriesContext(connection) as queries:
+        (running,) = Message.objects.claim("fc-fifo", 1)  # looks, finds none set aside: quiet from here
+    assert looks(queries)
+    assert running.pk == head.pk and running.ack()
+    # Another process sets the group's next message aside (its head was still running there).
+    Message.objects.filter(pk=later.pk).update(held_priority=0, priority=SET_ASIDE_PRIORITY)
+    with CaptureQueriesContext(connection) as queries:
+        assert Message.objects.claim("fc-fifo", 1) == []
+    assert not looks(queries)
+    # Past the quiet time, a claim looks again and brings it back, at its own priority.
+    taken = []
+    for _ in range(50):
+        taken = Message.objects.claim("fc-fifo", 1)
+        if taken:
+            break
+        time.sleep(0.05)
+    assert [m.pk for m in taken] == [later.pk]
+    assert taken[0].priority == 0 and taken[0].held_priority is None
 
 
 def test_a_priority_of_32767_is_refused():
