@@ -136,6 +136,18 @@ def test_the_worker_splits_its_queues_between_the_loop_and_the_threads():
     assert QueueWorker(WorkerConfig(queues=["w-ok"])).event_loop is None
 
 
+def test_a_queue_with_sync_and_async_handlers_is_warned_about_at_start(caplog):
+    mixed = QueueWorker(WorkerConfig(queues=["a-sleep", "w-ok", "a-mixed"], concurrency=2, async_concurrency=50))
+    mixed.log_banner()
+    [warning] = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "queue a-mixed has sync and async def handlers" in warning.getMessage()
+    assert "at most --concurrency (2) at once, not --async-concurrency (50)" in warning.getMessage()
+    assert "a queue of their own" in warning.getMessage()
+    caplog.clear()
+    QueueWorker(WorkerConfig(queues=["a-sleep", "w-ok"])).log_banner()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_command_rejects_a_bad_async_concurrency():
     from django.core.management import CommandError, call_command
 

@@ -102,9 +102,9 @@ class QueueWorker:
                 self.tether, max_messages=config.max_messages_per_child, max_memory=config.max_memory_per_child
             )
         self.completer = Completer(name=self.name, using=self.using, ledger=self.ledger, lifecycle=self.lifecycle)
-        self.async_queues, self.sync_queues, mixed = self.split_queues()
+        self.async_queues, self.sync_queues, self.mixed_queues = self.split_queues()
         self.event_loop: EventLoop | None = None
-        if self.async_queues or mixed:
+        if self.async_queues or self.mixed_queues:
             self.event_loop = EventLoop(self.name, self.lifecycle, timeout=config.async_timeout)
         self._signalled = False
         self._previous_handlers: dict[int, Any] = {}
@@ -287,6 +287,28 @@ class QueueWorker:
         if self.config.supervisor:
             fields["supervisor"] = self.config.supervisor
         logger.info("%s", "\n".join(lines), extra=event("banner", **fields))
+        self.warn_mixed()
+
+    def warn_mixed(self) -> None:
+        """A queue with sync and async handlers: its async kinds run one per consumer thread, not on the loop's slots.
+
+        Said once at start, as a WARNING, because the docs' advice (a queue of
+        their own) is easy to miss and the cost shows only under load.
+        """
+        if not self.mixed_queues:
+            return
+        logger.warning(
+            "worker %s: queue%s %s ha%s sync and async def handlers: a consumer thread claims each message and "
+            "waits for an async one, so they run at most --concurrency (%d) at once, not --async-concurrency (%d); "
+            'give the async handlers a queue of their own (docs/workers.md, "One event loop per process")',
+            self.name,
+            "s" if len(self.mixed_queues) > 1 else "",
+            ", ".join(self.mixed_queues),
+            "ve" if len(self.mixed_queues) > 1 else "s",
+            self.config.concurrency,
+            self.config.async_concurrency,
+            extra=event("mixed_queues", worker=self.name, queues=self.mixed_queues),
+        )
 
     def async_description(self) -> str:
         """The banner's line on the event loop: how many at once, over which queues."""
