@@ -604,6 +604,17 @@ def test_the_backlog_is_read_per_queue_from_the_message_a_claim_would_take_next(
     assert Message.objects.next_waits(["fc-fifo"]) == {"fc-fifo": None}
 
 
+def test_a_child_s_capacity_counts_its_event_loop_s_slots_when_it_serves_async_handlers():
+    """The shrink rule compares what the children hold with all but one child's capacity: a child with async
+    handlers holds up to --async-concurrency more, and a pool busy far below that must still shrink."""
+    config = WorkerConfig(queues=["w-ok"], concurrency=2, batch_size=3, async_concurrency=50)
+    assert Supervisor(config, PoolConfig(processes=2), command=["x"]).per_child == 6
+    config = WorkerConfig(queues=["w-ok", "a-sleep"], concurrency=2, batch_size=3, async_concurrency=50)
+    assert Supervisor(config, PoolConfig(processes=2), command=["x"]).per_child == 56
+    config = WorkerConfig(queues=["a-mixed"], concurrency=2, async_concurrency=50)  # the threads claim it
+    assert Supervisor(config, PoolConfig(processes=2), command=["x"]).per_child == 2
+
+
 def test_autoscale_bounds_are_checked():
     with pytest.raises(CommandError, match="'3,1' is not MIN,MAX"):
         call_command("runqueueworker", "w-ok", "--autoscale", "3,1")

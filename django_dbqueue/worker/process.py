@@ -44,6 +44,7 @@ from ..console import event
 from ..db import describe
 from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import InvalidOption
+from ..handlers import Handler
 from ..models import Message
 from ..reaper import Reaper
 from ..running import is_async
@@ -62,6 +63,21 @@ from .recycling import Recycler
 from .tether import Tether
 
 logger = logging.getLogger("django_dbqueue")
+
+
+def split_queues(queues: list[str], handler: Handler | None = None) -> tuple[list[str], list[str], list[str]]:
+    """``queues`` as (async, sync, mixed) by their registered handlers (`QueueWorker.split_queues`).
+
+    ``handler`` (exec mode) serves every queue from the threads.
+    """
+    if handler is not None:
+        return [], list(queues), []
+    kinds: dict[str, list[bool]] = {}
+    for (queue, _), function in handler_registry.registered().items():
+        kinds.setdefault(queue, []).append(is_async(function))
+    asynchronous = [q for q in queues if kinds.get(q) and all(kinds[q])]
+    mixed = [q for q in queues if any(kinds.get(q, ())) and not all(kinds[q])]
+    return asynchronous, [q for q in queues if q not in asynchronous], mixed
 
 
 class QueueWorker:
@@ -125,14 +141,7 @@ class QueueWorker:
         mixed queue (sync and async kinds) is the threads' too: its async
         kinds run on the loop while the thread that claimed them waits.
         """
-        if self.config.handler is not None:
-            return [], list(self.queues), []
-        kinds: dict[str, list[bool]] = {}
-        for (queue, _), function in handler_registry.registered().items():
-            kinds.setdefault(queue, []).append(is_async(function))
-        asynchronous = [q for q in self.queues if kinds.get(q) and all(kinds[q])]
-        mixed = [q for q in self.queues if any(kinds.get(q, ())) and not all(kinds[q])]
-        return asynchronous, [q for q in self.queues if q not in asynchronous], mixed
+        return split_queues(self.queues, self.config.handler)
 
     def consumer(self, slot: int, paused: PausedQueues | None = None) -> Consumer:
         """The consumer that runs in thread ``slot`` (one per --concurrency), over the queues of sync handlers."""

@@ -64,6 +64,7 @@ from ..validation import validate_queues
 from .autoscale import Autoscaler, Reading
 from .config import ExitStatus, WorkerConfig
 from .lifecycle import Ending, Lifecycle
+from .process import split_queues
 from .tether import NOW, STOP
 
 logger = logging.getLogger("django_dbqueue")
@@ -198,6 +199,10 @@ class Supervisor:
             self.autoscaler = Autoscaler(
                 pool.min_processes, pool.max_processes, wait=dbq.autoscale_wait, idle=dbq.autoscale_idle
             )
+        # What one busy child holds: its threads' claims, and its event loop's slots if a queue is all async.
+        self.per_child = config.concurrency * config.batch_size
+        if split_queues(self.queues, config.handler)[0]:
+            self.per_child += config.async_concurrency
         self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.command = list(command) if command is not None else child_command()
         self.env = child_environment() if command is None else dict(os.environ)
@@ -543,7 +548,7 @@ class Supervisor:
             reading,
             size=len(serving),
             starting=sum(c.state == State.STARTING for c in serving),
-            per_child=self.config.concurrency * self.config.batch_size,
+            per_child=self.per_child,
             now=time.monotonic(),
         )
         if decision is None:
