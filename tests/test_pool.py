@@ -195,6 +195,26 @@ def test_pool_options_are_checked_before_anything_starts():
         call_command("runqueueworker", "bad queue!", "--processes", "2")
 
 
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda: WorkerConfig(async_concurrency=0), "async_concurrency must be a whole number of at least 1, not 0"),
+        (lambda: WorkerConfig(concurrency=-2), "concurrency must be a whole number of at least 1, not -2"),
+        (lambda: WorkerConfig(batch_size=2.5), "batch_size must be a whole number of at least 1, not 2.5"),
+        (lambda: WorkerConfig(async_timeout=0), "async_timeout must be a number of seconds above 0, not 0"),
+        (lambda: WorkerConfig(max_memory_per_child=float("nan")), "number of megabytes above 0, not nan"),
+        (lambda: WorkerConfig(grace=-1), "grace must be a number of seconds of at least 0, not -1"),
+        (lambda: PoolConfig(processes=0), "processes must be a whole number of at least 1, not 0"),
+        (lambda: PoolConfig(processes=1, min_processes=1), "min_processes and max_processes go together"),
+        (lambda: PoolConfig(processes=5, min_processes=1, max_processes=3), r"processes \(5\) must lie between"),
+    ],
+)
+def test_configs_built_in_code_refuse_what_the_command_refuses(make, problem):
+    """A config built in code, not parsed by the command: an async_concurrency of 0 would claim nothing, ever."""
+    with pytest.raises(django_dbqueue.InvalidOption, match=problem):
+        make()
+
+
 def test_processes_auto_is_one_per_cpu_this_process_may_use():
     from django_dbqueue.management.arguments import processes
 

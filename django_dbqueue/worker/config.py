@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ..exceptions import InvalidOption
 from ..handlers import Handler
 
 
@@ -43,3 +44,24 @@ class WorkerConfig:
     # A pool's child's limits (worker/recycling.py): past one, it asks for its replacement.
     max_messages_per_child: int | None = None
     max_memory_per_child: float | None = None  # megabytes
+
+    def __post_init__(self) -> None:
+        """Refuse counts below one and negative durations (the command's parser does too; this is for code)."""
+        for name in ("concurrency", "async_concurrency", "batch_size", "max_messages", "max_messages_per_child"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InvalidOption(f"WorkerConfig {name} must be a whole number of at least 1, not {value!r}")
+        for name in (
+            "async_timeout",
+            "poll_interval",
+            "max_poll_interval",
+            "visibility_timeout",
+            "max_runtime",
+            "max_memory_per_child",
+        ):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and 0 < value < float("inf")):
+                unit = "megabytes" if name == "max_memory_per_child" else "seconds"
+                raise InvalidOption(f"WorkerConfig {name} must be a number of {unit} above 0, not {value!r}")
+        if self.grace is not None and not (isinstance(self.grace, int | float) and 0 <= self.grace < float("inf")):
+            raise InvalidOption(f"WorkerConfig grace must be a number of seconds of at least 0, not {self.grace!r}")

@@ -90,6 +90,25 @@ class PoolConfig:
     verbosity: int = 1  # passed to the children, with --json-logs
     json_logs: bool = False
 
+    def __post_init__(self) -> None:
+        """Refuse a pool of no process, and bounds the wrong way round (the command's parser does too)."""
+        for name in ("processes", "min_processes", "max_processes", "max_messages_per_child"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InvalidOption(f"PoolConfig {name} must be a whole number of at least 1, not {value!r}")
+        if (self.min_processes is None) != (self.max_processes is None):
+            raise InvalidOption("PoolConfig min_processes and max_processes go together (autoscaling's bounds)")
+        low, high = self.min_processes, self.max_processes
+        if low is not None and high is not None and not low <= self.processes <= high:
+            raise InvalidOption(
+                f"PoolConfig processes ({self.processes}) must lie between min_processes ({low}) "
+                f"and max_processes ({high})"
+            )
+        if self.max_memory_per_child is not None and not 0 < self.max_memory_per_child < float("inf"):
+            raise InvalidOption(
+                f"PoolConfig max_memory_per_child must be megabytes above 0, not {self.max_memory_per_child!r}"
+            )
+
 
 class State(enum.StrEnum):
     STARTING = "starting"  # started, not ready yet
