@@ -53,6 +53,7 @@ if TYPE_CHECKING:
         subscribers as subscribers,
         unsubscribe as unsubscribe,
     )
+    from .workflows import Dep as Dep, Step as Step, Workflow as Workflow
 
 
 # The public API, imported lazily so that ``import django_dbqueue`` works
@@ -102,6 +103,9 @@ _EXPORTS = {
     "RequestTimeout": "exceptions",
     "RequestFailed": "exceptions",
     "TaskNotCompleted": "exceptions",
+    "Workflow": "workflows",
+    "Step": "workflows",
+    "Dep": "workflows",
 }
 
 __all__ = ["__version__", *_EXPORTS]

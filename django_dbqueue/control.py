@@ -16,7 +16,7 @@ from asgiref.sync import sync_to_async
 from . import signals, validation
 from .db.errors import with_retries
 from .exceptions import DbQueueError, InvalidOption
-from .models import ArchivedMessage, Message, Outcome, QueueState, events
+from .models import ArchivedMessage, Message, Outcome, QueueState, events, workflows
 from .operations import build_message, finish
 
 
@@ -43,7 +43,11 @@ def replay(archived: ArchivedMessage, *, by: str = "", payload: Any = None, forc
         message, _ = build_message(row.queue, new_payload, {**options, "max_attempts": row.max_attempts})
         return message
 
-    message = ArchivedMessage.objects.using(using).replay(archived.pk, build, by=by, force=force)
+    def then(row: ArchivedMessage, message: Message) -> None:
+        # A workflow step's message: the step and what its failure cancelled go on (docs/workflows.md).
+        workflows.reopen(using, row.headers, row.message_id, message.pk)
+
+    message = ArchivedMessage.objects.using(using).replay(archived.pk, build, by=by, force=force, then=then)
     archived.replayed_by, archived.replayed_as = by, message.pk
     if events.listened(signals.message_replayed):
         archived.refresh_from_db(using=using)

@@ -11,7 +11,10 @@ Each pass, under a database lock so that only one reaper acts at a time:
    again, see the claim's filter);
 3. messages past ``expires_at`` that nobody holds are archived as expired;
 4. archive rows older than their queue's ``RETENTION_DAYS`` are deleted, in
-   batches of ``REAP_BATCH_SIZE`` so no statement holds locks for long;
+   batches of ``REAP_BATCH_SIZE`` so no statement holds locks for long, and
+   so are workflows finished longer ago than the default ``RETENTION_DAYS``;
+   enqueued workflow steps whose message was archived without settling them
+   (a plain SQL consumer) are settled, a batch a pass (docs/workflows.md);
 5. on PostgreSQL, the live table and the archive are vacuumed when their
    dead rows pile up (autovacuum off or lagging), the live table's indexes
    are rebuilt once a drained backlog left them large, and the live table
@@ -41,7 +44,7 @@ from .db.clock import db_now
 from .db.errors import DATABASE_TROUBLE, with_retries
 from .db.stats import refresh_statistics, shrink_indexes, vacuum_if_bloated
 from .db.transactions import write_transaction
-from .models import ArchivedMessage, Message, Outcome, Worker, events, flow
+from .models import ArchivedMessage, Message, Outcome, Worker, WorkflowRun, events, flow, workflows
 from .operations import finish
 from .progress import NullProgress, Progress
 
@@ -65,6 +68,8 @@ class ReapReport:
     expired: int = 0
     pruned: int = 0
     flow_pruned: int = 0
+    workflows_pruned: int = 0
+    steps_settled: int = 0
     vacuumed: bool = False
     reindexed: bool = False
     analyzed: bool = False
@@ -79,6 +84,8 @@ class ReapReport:
             f"{self.poison} poison message(s) dead-lettered, {self.cancelled} cancelled, {self.expired} expired, "
             f"{self.pruned} archive row(s) pruned"
             + (f", {self.flow_pruned} flow-control row(s) pruned" if self.flow_pruned else "")
+            + (f", {self.workflows_pruned} workflow(s) pruned" if self.workflows_pruned else "")
+            + (f", {self.steps_settled} workflow step(s) settled by the sweep" if self.steps_settled else "")
             + (", dead rows vacuumed" if self.vacuumed else "")
             + (", indexes rebuilt" if self.reindexed else "")
             + (", statistics refreshed" if self.analyzed else "")
@@ -105,6 +112,8 @@ class Reaper:
             report.expired += self.expire()
             report.pruned += self.prune()
             report.flow_pruned += self.prune_flow_control()
+            report.steps_settled += self.settle_steps()
+            report.workflows_pruned += self.prune_workflows()
             tables = (Message._meta.db_table, ArchivedMessage._meta.db_table)
             report.vacuumed = any([vacuum_if_bloated(self.using, table) for table in tables])  # both, always
             report.reindexed = shrink_indexes(self.using, Message._meta.db_table)
@@ -233,6 +242,18 @@ class Reaper:
             total += deleted
             if deleted < self.batch_size:
                 return total
+
+    def settle_steps(self) -> int:
+        """Settle up to a batch of enqueued workflow steps whose message is archived but the step is not."""
+        return workflows.sweep(self.using, ArchivedMessage.objects.using(self.using), self.batch_size)
+
+    def prune_workflows(self) -> int:
+        """Delete workflows finished longer ago than the default RETENTION_DAYS (the archive's), with their steps."""
+        days = get_settings().defaults.retention_days
+        if days is None:
+            return 0
+        before = db_now(self.using) - timedelta(days=days)
+        return WorkflowRun.objects.using(self.using).prune(before, self.batch_size)
 
     def prune(self) -> int:
         """Delete archive rows past their queue's retention, a batch at a time."""

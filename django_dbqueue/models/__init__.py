@@ -13,6 +13,7 @@ from .messages import Message, MessageManager, MessageQuerySet, MessageState
 from .queues import QueueStat, QueueState, Subscription
 from .schedules import Fired, Schedule, ScheduleRun, ScheduleTrigger
 from .workers import Worker
+from .workflows import StepState, WorkflowEdge, WorkflowOutcome, WorkflowRun, WorkflowStep
 
 __all__ = [
     "ArchivedMessage",
@@ -31,7 +32,12 @@ __all__ = [
     "Schedule",
     "ScheduleRun",
     "ScheduleTrigger",
+    "StepState",
     "Subscription",
     "UniqueWindow",
     "Worker",
+    "WorkflowEdge",
+    "WorkflowOutcome",
+    "WorkflowRun",
+    "WorkflowStep",
 ]

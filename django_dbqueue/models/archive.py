@@ -74,13 +74,22 @@ class ArchivedMessageQuerySet(models.QuerySet[Row]):
             if on_batch is not None:
                 on_batch(deleted)
 
-    def replay(self, pk: int, build: Callable[[ArchivedMessage], Live], *, by: str = "", force: bool = False) -> Live:
+    def replay(
+        self,
+        pk: int,
+        build: Callable[[ArchivedMessage], Live],
+        *,
+        by: str = "",
+        force: bool = False,
+        then: Callable[[ArchivedMessage, Live], object] | None = None,
+    ) -> Live:
         """Insert ``build(row)`` as a new live message and record the replay on archive row ``pk``.
 
         One transaction with the archive row locked, so two operators cannot
         both replay it. Only dead, expired or cancelled rows (never acked
         ones, forced or not), once each unless ``force``; a key that is live
-        already refuses the replay.
+        already refuses the replay. ``then(row, message)`` runs in that
+        transaction once the message is in (a workflow step's reopening).
         """
         using = self.db
 
@@ -107,6 +116,8 @@ class ArchivedMessageQuerySet(models.QuerySet[Row]):
                         "finish or cancel that one before replaying"
                     )
                 self.filter(pk=row.pk).update(replayed_at=DbNow(), replayed_by=by, replayed_as=message.pk)
+                if then is not None:
+                    then(row, message)
                 return message
 
         return with_retries(using, run, what=f"replay of archived message {pk}")

@@ -21,7 +21,7 @@ from ..conf import queue_options
 from ..db.clock import DbNow
 from ..db.errors import with_retries
 from ..db.transactions import short_transaction, write_transaction
-from . import events, landed
+from . import events, landed, workflows
 from .archive import ArchivedMessage, Outcome
 from .leasing import Leasing
 from .protocols import Live, LiveMessage
@@ -56,7 +56,8 @@ class Finishing(Leasing[Live]):
         was lost, of a message gone without a trace (`landed`).
         """
         using = message._state.db or "default"
-        if match == "lease" and not events.listened(events.signal_of(outcome)):
+        step = workflows.step_of(message)  # a Python test: an ordinary message runs no workflow statement
+        if match == "lease" and step is None and not events.listened(events.signal_of(outcome)):
             return self._finish_quietly(message, outcome, row), None
         guard = {
             "lease": lambda: self.using(using).leased(message),
@@ -75,6 +76,10 @@ class Finishing(Leasing[Live]):
                 if outcome != Outcome.ACKED or queue_options(message.queue).archive:
                     archived.append(ArchivedMessage.from_live(message, outcome, **row))
                     archived[0].save(using=using, force_insert=True)
+                if step is not None:  # the join, in this transaction (models/workflows.py)
+                    error = row.get("error")
+                    reason = message.last_error if error is None else error
+                    workflows.settle_step(using, step, message.pk, outcome, row.get("result"), reason)
                 return True
 
         def found() -> bool | None:
@@ -139,6 +144,21 @@ class Finishing(Leasing[Live]):
         (None: unknown, as `finish` says)."""
         messages = list(messages)
         answers: list[bool | None] = [False] * len(messages)
+        if any(workflows.step_of(m) is not None for m in messages):
+            # Workflow steps are acked one by one, each with its join in its transaction (models/workflows.py).
+            plain = [(n, m) for n, m in enumerate(messages) if workflows.step_of(m) is None]
+            for n, m in enumerate(messages):
+                if workflows.step_of(m) is not None:
+                    row: dict[str, Any] = {"worker": worker or "", "result": (results or {}).get(m.pk)}
+                    done, archived = self.using(m._state.db or "default").finish(m, Outcome.ACKED, "lease", **row)
+                    if done:
+                        events.finished(m, Outcome.ACKED, archived, row)
+                    answers[n] = done
+            for (n, _), answer in zip(
+                plain, self.ack_many([m for _, m in plain], worker=worker, results=results), strict=True
+            ):
+                answers[n] = answer
+            return answers
         for batch in _distinct_rounds(messages):
             by_db: dict[str, list[tuple[int, LiveMessage]]] = defaultdict(list)
             for index, message in batch:
@@ -246,6 +266,10 @@ class Finishing(Leasing[Live]):
                     ArchivedMessage.from_live(m, Outcome.EXPIRED, worker="reaper", error=m.last_error) for m in rows
                 ]
                 ArchivedMessage.objects.using(using).bulk_create(archived)
+                for m in rows:
+                    step = workflows.step_of(m)
+                    if step is not None:  # the join, in this transaction (models/workflows.py)
+                        workflows.settle_step(using, step, m.pk, Outcome.EXPIRED, None, "expired")
                 return rows, archived
 
         return with_retries(using, run, what="expiry")

@@ -24,6 +24,7 @@ from django.db.models.base import ModelState
 
 from .. import validation
 from ..conf import queue_options
+from . import workflows
 from .claiming import Claimed, Claiming, default_worker_name
 from .consuming import ConsumerActions
 from .fields import NameField
@@ -237,6 +238,14 @@ class Message(ConsumerActions, HandlerReports, models.Model):
         if self.deferrals < cap:
             return None
         return f"deferred {self.deferrals} times; the queue's MAX_DEFERRALS is {cap}"
+
+    def parent_results(self) -> dict[str, Any]:
+        """A workflow step's parents' results: step name -> what its handler returned, in dependency order.
+
+        Raises InvalidOption for a message that is no step, for a parent whose
+        result was not kept, and past the bound on what flows (docs/workflows.md).
+        """
+        return workflows.parent_results(self._state.db or "default", self)
 
     def defer(self, until: datetime | None = None, *, delay: float | timedelta | None = None) -> bool:
         """Deprecated alias of `snooze` (``defer`` is also the name of Django's ``QuerySet.defer``)."""

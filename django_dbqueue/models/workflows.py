@@ -1,0 +1,534 @@
+"""Workflows: steps with dependencies, and the join decided where a parent's outcome is written.
+
+A workflow is a row (`WorkflowRun`), its steps (`WorkflowStep`: what to
+enqueue once ready, a count of dependencies not yet settled) and its edges
+(`WorkflowEdge`: parent -> child, with the outcomes of the parent the
+child tolerates). A step's message carries the header `STEP_HEADER`; every
+finishing path (`finishing`) checks it in Python and, only for a step,
+calls `settle` in the transaction that archives the message. `settle`
+decrements each child's count with one UPDATE ... WHERE pending > 0, and
+enqueues the children that reached zero through the one insert path; the
+decrement is a row update, so of two parents finishing at once the second
+waits on the child's row and sees the first's count. Cost: the edges of the
+finished step, never a scan of the workflow. This module sits below
+`messages` and reaches the live model through `statements.message_model`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Self
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models import Count, F
+
+from ..db.clock import DbNow
+from ..db.errors import with_retries
+from ..db.transactions import write_transaction
+from ..exceptions import InvalidOption
+from ..validation import json_problem, json_size_problem, storable_text
+from . import events
+from .archive import Outcome
+from .fields import NameField
+from .inserting import build_unsaved
+from .protocols import LiveMessage
+from .statements import message_model
+
+logger = logging.getLogger("django_dbqueue")
+
+# A step's message carries [workflow id, step name] under this header.
+STEP_HEADER = "dbqueue_step"
+# The most steps one workflow holds (sub-workflows counted inlined).
+MAX_STEPS = 10_000
+# The most bytes of JSON a step's result keeps for the steps after it.
+MAX_RESULT_BYTES = 64 * 1024
+# The most bytes of results one step reads from its parents (parent_results).
+MAX_PARENT_RESULTS_BYTES = 1024 * 1024
+IGNORABLE = (Outcome.DEAD, Outcome.CANCELLED, Outcome.EXPIRED)
+
+
+class StepState(models.TextChoices):
+    WAITING = "waiting"  # dependencies not all settled
+    ENQUEUED = "enqueued"  # its message is live
+    ACKED = "acked"
+    DEAD = "dead"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+OPEN = (StepState.WAITING, StepState.ENQUEUED)
+
+
+class WorkflowOutcome(models.TextChoices):
+    SUCCEEDED = "succeeded"  # every step acked
+    FAILED = "failed"  # some step ended dead, expired or cancelled
+    CANCELLED = "cancelled"  # Workflow.cancel()
+
+
+def step_of(message: LiveMessage) -> tuple[int, str] | None:
+    """The (workflow id, step name) ``message`` runs, or None: a Python test, no statement, for every message."""
+    return step_ref(message.headers)
+
+
+def step_ref(headers: Any) -> tuple[int, str] | None:
+    """The (workflow id, step name) that message headers name, or None."""
+    if not headers or not isinstance(headers, dict):
+        return None
+    ref = headers.get(STEP_HEADER)
+    if isinstance(ref, list) and len(ref) == 2 and isinstance(ref[0], int) and isinstance(ref[1], str):
+        return ref[0], ref[1]
+    return None
+
+
+def kept_result(value: Any) -> tuple[Any, str]:
+    """A step's result as kept for its children: (value, "") or (None, why it is not kept)."""
+    if value is None:
+        return None, ""
+    why = json_problem(value, "the step's result") or json_size_problem(value, "the step's result", MAX_RESULT_BYTES)
+    return (None, why) if why else (value, "")
+
+
+class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
+    def finished_before(self, before: datetime) -> Self:
+        return self.filter(state=WorkflowRun.FINISHED, finished_at__lt=before)
+
+    def prune(self, before: datetime, batch_size: int) -> int:
+        """Delete finished workflows (runs, steps, edges) finished before ``before``, a batch per transaction."""
+        using = self.db
+        total = 0
+        while True:
+
+            def batch() -> int:
+                with write_transaction(using):
+                    ids = list(
+                        self.finished_before(before).order_by("finished_at").values_list("pk", flat=True)[:batch_size]
+                    )
+                    if ids:
+                        WorkflowEdge.objects.using(using).filter(workflow_id__in=ids)._raw_delete(using)
+                        WorkflowStep.objects.using(using).filter(workflow_id__in=ids)._raw_delete(using)
+                        self.filter(pk__in=ids)._raw_delete(using)
+                    return len(ids)
+
+            deleted = with_retries(using, batch, what="workflow pruning")
+            total += deleted
+            if deleted < batch_size:
+                return total
+
+    def status(self, pk: int) -> dict[str, Any]:
+        """A workflow's state, outcome, counts of steps per state and each step's outcome (in declared order)."""
+        run = self.get(pk=pk)
+        steps = WorkflowStep.objects.using(self.db).filter(workflow_id=pk).order_by("position")
+        counts = dict(steps.order_by().values_list("state").annotate(n=Count("id")).values_list("state", "n"))
+        return {
+            "id": run.pk,
+            "name": run.name,
+            "state": run.state,
+            "outcome": run.outcome,
+            "created_at": run.created_at,
+            "finished_at": run.finished_at,
+            "counts": {state: counts.get(state, 0) for state in StepState.values},
+            "steps": [
+                {
+                    "name": s.name,
+                    "queue": s.queue,
+                    "state": s.state,
+                    "message_id": s.message_id,
+                    "reason": s.reason,
+                    "result": s.result,
+                }
+                for s in steps
+            ],
+        }
+
+
+class WorkflowRun(models.Model):
+    """One enqueued workflow: its name, state, outcome, and counts the join keeps up to date."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+
+    id = models.BigAutoField(primary_key=True)
+    name = NameField(max_length=200)
+    state = models.CharField(max_length=16, default=RUNNING)
+    outcome = models.CharField(max_length=16, blank=True, default="", choices=WorkflowOutcome.choices)
+    policy = models.JSONField(default=list, blank=True, help_text="Outcomes of a dependency every step tolerates.")
+    open_steps = models.PositiveIntegerField(default=0, help_text="Steps waiting or enqueued.")
+    failed_steps = models.PositiveIntegerField(default=0, help_text="Steps that ended dead, expired or cancelled.")
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkflowRunQuerySet.as_manager()
+
+    class Meta:
+        app_label = "django_dbqueue"
+        db_table = "dbqueue_workflow"
+        indexes = [
+            # The reaper's retention, and the admin's list by state.
+            models.Index(fields=["state", "finished_at"], name="dbqueue_wf_state_finished"),
+            models.Index(fields=["name", "created_at"], name="dbqueue_wf_name"),
+        ]
+
+    def __str__(self) -> str:
+        return storable_text(f"workflow {self.name}#{self.pk} {self.state}")
+
+
+class WorkflowStep(models.Model):
+    """A step: what to enqueue once ready, its state, and how many of its dependencies are not yet settled."""
+
+    id = models.BigAutoField(primary_key=True)
+    workflow = models.ForeignKey(WorkflowRun, on_delete=models.DO_NOTHING, db_constraint=False, related_name="steps")
+    name = NameField(max_length=200)
+    position = models.PositiveIntegerField(help_text="Declaration order.")
+    queue = NameField(max_length=64)
+    kind = NameField(max_length=100, blank=True, default="")
+    payload = models.JSONField(null=True)
+    options = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    state = models.CharField(max_length=16, choices=StepState.choices, default=StepState.WAITING)
+    pending = models.PositiveIntegerField(default=0, help_text="Dependencies not yet settled.")
+    message_id = models.BigIntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    cause = NameField(max_length=200, null=True, blank=True, help_text="The failed step that cancelled this one.")
+    result = models.JSONField(null=True, blank=True)
+    result_note = models.TextField(blank=True, default="", help_text="Why the result was not kept.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        app_label = "django_dbqueue"
+        db_table = "dbqueue_workflow_step"
+        constraints = [models.UniqueConstraint(fields=["workflow", "name"], name="dbqueue_wfstep_name")]
+        indexes = [
+            # The reaper's sweep: enqueued steps whose message is archived.
+            models.Index(fields=["state", "message_id"], name="dbqueue_wfstep_state_msg"),
+        ]
+
+    def __str__(self) -> str:
+        return storable_text(f"step {self.name} of workflow {self.workflow_id}: {self.state}")
+
+
+class WorkflowEdge(models.Model):
+    """Parent -> child: the child waits for the parent; ``ignore`` lists the parent's outcomes it runs after anyway."""
+
+    id = models.BigAutoField(primary_key=True)
+    workflow = models.ForeignKey(WorkflowRun, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
+    parent = NameField(max_length=200)
+    child = NameField(max_length=200)
+    position = models.PositiveIntegerField(help_text="The parent's place in the child's dependencies.")
+    ignore = models.CharField(max_length=40, blank=True, default="")
+
+    class Meta:
+        app_label = "django_dbqueue"
+        db_table = "dbqueue_workflow_edge"
+        indexes = [
+            # The join: a step's children.
+            models.Index(fields=["workflow", "parent"], name="dbqueue_wfedge_parent"),
+            # parent_results: a step's parents.
+            models.Index(fields=["workflow", "child", "position"], name="dbqueue_wfedge_child"),
+        ]
+
+    def __str__(self) -> str:
+        return storable_text(f"{self.parent} -> {self.child}")
+
+
+# --- writing a workflow -----------------------------------------------------------------
+
+
+def create(
+    using: str,
+    name: str,
+    policy: Sequence[str],
+    steps: Sequence[dict[str, Any]],
+    edges: Sequence[tuple[str, str, int, str]],
+) -> WorkflowRun:
+    """Write a validated workflow and enqueue its root steps, in the caller's transaction.
+
+    ``steps``: dicts of name, queue, kind, payload, options (checked by the
+    insert path's `build_unsaved` already), pending. ``edges``: (parent,
+    child, position, ignore).
+    """
+    run = WorkflowRun(name=name, policy=list(policy), open_steps=len(steps), created_at=DbNow())
+    run.save(using=using, force_insert=True)
+    rows = [
+        WorkflowStep(
+            workflow_id=run.pk,
+            position=n,
+            **{k: step[k] for k in ("name", "queue", "kind", "payload")},
+            options=step["options"],
+            pending=step["pending"],
+        )
+        for n, step in enumerate(steps)
+    ]
+    WorkflowStep.objects.using(using).bulk_create(rows, batch_size=500)
+    WorkflowEdge.objects.using(using).bulk_create(
+        [WorkflowEdge(workflow_id=run.pk, parent=p, child=c, position=n, ignore=i) for p, c, n, i in edges],
+        batch_size=500,
+    )
+    roots = WorkflowStep.objects.using(using).filter(workflow_id=run.pk, pending=0).order_by("position")
+    for step in roots:
+        _enqueue_step(using, step)
+    return run
+
+
+def step_options(step: WorkflowStep) -> dict[str, Any]:
+    """The enqueue options a step was declared with (times stored as text, read back)."""
+    options = dict(step.options or {})
+    for name in ("run_at", "expires_at"):
+        if isinstance(options.get(name), str):
+            options[name] = datetime.fromisoformat(options[name])
+    return options
+
+
+def _enqueue_step(using: str, step: WorkflowStep) -> None:
+    """Enqueue ``step``'s message through the one insert path, and note it on the step (the caller's transaction)."""
+    options = step_options(step)
+    headers = {**(options.get("headers") or {}), STEP_HEADER: [step.workflow_id, step.name]}
+    message, delay = build_unsaved(
+        message_model(), step.queue, step.payload, {**options, "kind": step.kind, "headers": headers}
+    )
+    message_model().objects.using(using).insert_into(using, message, delay)
+    events.enqueued([message], using)
+    WorkflowStep.objects.using(using).filter(pk=step.pk).update(state=StepState.ENQUEUED, message_id=message.pk)
+
+
+# --- the join ---------------------------------------------------------------------------
+
+
+def settle(using: str, message: LiveMessage, outcome: str, result: Any = None, reason: str = "") -> None:
+    """Record how a step's message ended and decide its dependents, in the caller's (finishing) transaction.
+
+    Only called for a message that `step_of` says is a step. A step whose
+    workflow rows are gone (pruned) is reported in the log, and nothing runs.
+    """
+    ref = step_of(message)
+    if ref is not None:
+        settle_step(using, ref, message.pk, outcome, result, reason)
+
+
+def settle_step(using: str, ref: tuple[int, str], message_id: int, outcome: str, result: Any, reason: str) -> None:
+    """`settle` by the step's reference and its message's id."""
+    workflow_id, name = ref
+    steps = WorkflowStep.objects.using(using)
+    mine = steps.filter(workflow_id=workflow_id, name=name, message_id=message_id, state=StepState.ENQUEUED)
+    kept, why = kept_result(result) if outcome == Outcome.ACKED else (None, "")
+    changed = mine.update(
+        state=outcome,
+        result=kept,
+        result_note=why,
+        reason=storable_text(reason)[:4000] if outcome != Outcome.ACKED else "",
+        finished_at=DbNow(),
+    )
+    if changed != 1:
+        if not steps.filter(workflow_id=workflow_id, name=name).exists():
+            logger.warning(
+                "message %s is step %r of workflow %s, whose rows are gone: nothing after it runs",
+                message_id,
+                name,
+                workflow_id,
+            )
+        return
+    _propagate(using, workflow_id, [(name, outcome, None)])
+
+
+def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str | None]]) -> None:
+    """Decrement the children of each settled step, enqueue those at zero, cancel those a failure dooms."""
+    steps = WorkflowStep.objects.using(using).filter(workflow_id=workflow_id)
+    edges = WorkflowEdge.objects.using(using).filter(workflow_id=workflow_id)
+    closed = len(settled)
+    failed = sum(1 for _, outcome, _ in settled if outcome != Outcome.ACKED)
+    work = list(settled)
+    while work:
+        name, outcome, cause = work.pop()
+        children = list(edges.filter(parent=name).values_list("child", "ignore"))
+        if not children:
+            continue
+        go = sorted(child for child, ignore in children if outcome == Outcome.ACKED or outcome in ignore.split(","))
+        stop = sorted(child for child, ignore in children if child not in go)
+        if go:
+            steps.filter(name__in=go, state=StepState.WAITING, pending__gt=0).update(pending=F("pending") - 1)
+            ready = steps.select_for_update().filter(name__in=go, state=StepState.WAITING, pending=0)
+            for step in ready.order_by("position"):
+                _enqueue_step(using, step)
+        if stop:
+            origin = cause or name
+            doomed = list(
+                steps.select_for_update().filter(name__in=stop, state=StepState.WAITING).values_list("name", flat=True)
+            )
+            if doomed:
+                steps.filter(name__in=doomed, state=StepState.WAITING).update(
+                    state=StepState.CANCELLED,
+                    cause=origin,
+                    reason=f"dependency {origin!r} ended {outcome if origin == name else 'cancelled'}",
+                    finished_at=DbNow(),
+                )
+                closed += len(doomed)
+                failed += len(doomed)
+                work.extend((child, Outcome.CANCELLED, origin) for child in doomed)
+    _close(using, workflow_id, closed, failed)
+
+
+def _close(using: str, workflow_id: int, closed: int, failed: int) -> None:
+    """Count ``closed`` steps as settled (``failed`` of them not acked); the workflow finishes at zero open."""
+    runs = WorkflowRun.objects.using(using)
+    run = runs.select_for_update().filter(pk=workflow_id).first()
+    if run is None:
+        return
+    left = max(run.open_steps - closed, 0)
+    changes: dict[str, Any] = {"open_steps": left, "failed_steps": run.failed_steps + failed}
+    if left == 0 and run.state != WorkflowRun.FINISHED:
+        changes["state"] = WorkflowRun.FINISHED
+        changes["finished_at"] = DbNow()
+        if run.outcome != WorkflowOutcome.CANCELLED:
+            changes["outcome"] = WorkflowOutcome.FAILED if changes["failed_steps"] else WorkflowOutcome.SUCCEEDED
+    runs.filter(pk=workflow_id).update(**changes)
+
+
+# --- reading results --------------------------------------------------------------------
+
+
+def _satisfied(parent_state: str, ignore: str) -> bool:
+    """Whether a parent in ``parent_state`` lets its child go, under the edge's ``ignore`` list."""
+    return parent_state == Outcome.ACKED or (parent_state not in OPEN and parent_state in ignore.split(","))
+
+
+def parent_results(using: str, message: LiveMessage) -> dict[str, Any]:
+    """Step name -> result of each step ``message``'s step depends on, in the order of its dependencies."""
+    ref = step_of(message)
+    if ref is None:
+        raise InvalidOption(f"message {message.pk} is not a workflow step: it has no parent results")
+    workflow_id, name = ref
+    parents = list(
+        WorkflowEdge.objects.using(using)
+        .filter(workflow_id=workflow_id, child=name)
+        .order_by("position")
+        .values_list("parent", flat=True)
+    )
+    rows = {
+        row[0]: row[1:]
+        for row in WorkflowStep.objects.using(using)
+        .filter(workflow_id=workflow_id, name__in=parents)
+        .values_list("name", "result", "result_note")
+    }
+    results: dict[str, Any] = {}
+    size = 0
+    for parent in parents:
+        result, note = rows.get(parent, (None, ""))
+        if note:
+            raise InvalidOption(f"step {parent!r} returned a result that was not kept: {note}")
+        size += len(json.dumps(result))
+        if size > MAX_PARENT_RESULTS_BYTES:
+            raise InvalidOption(
+                f"the results of step {name!r}'s parents pass {MAX_PARENT_RESULTS_BYTES:,} bytes of JSON "
+                f"(at step {parent!r}); store large data elsewhere and return references"
+            )
+        results[parent] = result
+    return results
+
+
+# --- operators: cancel, replay, the reaper's sweep -------------------------------------------
+
+
+def cancel_waiting(using: str, workflow_id: int, by: str) -> list[int]:
+    """Cancel a workflow's waiting steps and mark it cancelled; returns the message ids of its enqueued steps.
+
+    One transaction. A parent acked after it finds its children cancelled
+    and enqueues nothing; a child enqueued before it is in the ids returned,
+    for the caller to cancel as any live message.
+    """
+    steps = WorkflowStep.objects.using(using).filter(workflow_id=workflow_id)
+    with write_transaction(using):
+        waiting = list(steps.select_for_update().filter(state=StepState.WAITING).values_list("name", flat=True))
+        if waiting:
+            steps.filter(name__in=waiting, state=StepState.WAITING).update(
+                state=StepState.CANCELLED,
+                reason=f"workflow cancelled by {by}" if by else "workflow cancelled",
+                finished_at=DbNow(),
+            )
+        runs = WorkflowRun.objects.using(using)
+        if runs.select_for_update().filter(pk=workflow_id, state=WorkflowRun.RUNNING).exists():
+            runs.filter(pk=workflow_id).update(outcome=WorkflowOutcome.CANCELLED)
+        _close(using, workflow_id, len(waiting), len(waiting))
+        return [pk for pk in steps.filter(state=StepState.ENQUEUED).values_list("message_id", flat=True) if pk]
+
+
+def reopen(using: str, headers: Any, old_message_id: int, new_message_id: int) -> None:
+    """A replay of a step's message (inside the replay's transaction): the step is enqueued again as the new
+    message, and the steps its failure cancelled wait again, so that the workflow continues from it."""
+    ref = step_ref(headers)
+    if ref is None:
+        return
+    workflow_id, name = ref
+    steps = WorkflowStep.objects.using(using).filter(workflow_id=workflow_id)
+    if (
+        steps.filter(name=name, message_id=old_message_id, state__in=IGNORABLE).update(
+            state=StepState.ENQUEUED, message_id=new_message_id, reason="", result=None, finished_at=None
+        )
+        != 1
+    ):
+        return
+    doomed = list(steps.select_for_update().filter(cause=name, state=StepState.CANCELLED).order_by("position"))
+    edges = WorkflowEdge.objects.using(using).filter(workflow_id=workflow_id)
+    for step in doomed:
+        parents = list(edges.filter(child=step.name).values_list("parent", "ignore"))
+        states = dict(steps.filter(name__in=[p for p, _ in parents]).values_list("name", "state"))
+        pending = sum(1 for parent, ignore in parents if not _satisfied(states.get(parent, ""), ignore))
+        steps.filter(pk=step.pk).update(
+            state=StepState.WAITING, pending=pending, cause=None, reason="", finished_at=None
+        )
+    reopened = 1 + len(doomed)
+    runs = WorkflowRun.objects.using(using)
+    run = runs.select_for_update().get(pk=workflow_id)
+    runs.filter(pk=workflow_id).update(
+        state=WorkflowRun.RUNNING,
+        outcome="" if run.outcome != WorkflowOutcome.CANCELLED else run.outcome,
+        finished_at=None,
+        open_steps=run.open_steps + reopened,
+        failed_steps=max(run.failed_steps - reopened, 0),
+    )
+
+
+def unsettled(using: str, archive: Any, limit: int) -> list[tuple[int, str, str, Any]]:
+    """Up to ``limit`` enqueued steps whose message is archived: (archive row id, outcome...) for the sweep.
+
+    Every finishing path settles its step in its own transaction; this finds
+    what a path outside them (a plain SQL consumer) left, by the step's
+    state and message id (indexed) and the archive's message id (indexed).
+    """
+    ids = list(
+        WorkflowStep.objects.using(using)
+        .filter(state=StepState.ENQUEUED, message_id__in=archive.values("message_id"))
+        .order_by("id")
+        .values_list("message_id", flat=True)[:limit]
+    )
+    rows = archive.filter(message_id__in=ids).order_by("id").values_list("message_id", "outcome", "headers", "result")
+    return [tuple(row) for row in rows]
+
+
+def sweep(using: str, archive: Any, limit: int) -> int:
+    """Settle enqueued steps whose message was archived without settling them; one transaction per step."""
+    done = 0
+    for message_id, outcome, headers, result in unsettled(using, archive, limit):
+        ref = step_ref(headers)
+        if ref is None:
+            continue
+
+        def run() -> None:
+            with write_transaction(using):
+                settle_step(using, ref, message_id, outcome, result, "settled by the reaper's sweep")  # noqa: B023
+
+        with_retries(using, run, what="workflow sweep")
+        done += 1
+    return done
+
+
+__all__ = [
+    "MAX_STEPS",
+    "STEP_HEADER",
+    "StepState",
+    "WorkflowEdge",
+    "WorkflowOutcome",
+    "WorkflowRun",
+    "WorkflowStep",
+]

@@ -1,0 +1,383 @@
+"""Workflows in one process: the builder's checks, the join, the policies, results, cancel, replay, the reaper.
+
+The same statements real workers run (claim, ack, fail, the reaper), driven
+step by step so that each state in between can be looked at. Real worker
+processes: tests/test_workflow_processes.py.
+"""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+import django_dbqueue
+from django_dbqueue import Dep, Step, Workflow
+from django_dbqueue import workflows as builder
+from django_dbqueue.control import cancel, replay
+from django_dbqueue.exceptions import InvalidOption, PayloadNotSerializable, UnknownOption
+from django_dbqueue.models import (
+    ArchivedMessage,
+    Message,
+    Outcome,
+    WorkflowEdge,
+    WorkflowRun,
+    WorkflowStep,
+)
+from django_dbqueue.models import workflows as table
+from django_dbqueue.reaper import Reaper
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Q = "wf"
+
+
+def take(name: str) -> Message:
+    """Claim the ready message of step ``name`` (failing when it is not the one ready)."""
+    claimed = django_dbqueue.claim(Q, 100)
+    mine = [m for m in claimed if m.headers["dbqueue_step"][1] == name]
+    for other in claimed:
+        if other not in mine:
+            other.release()
+    assert len(mine) == 1, f"{name} not ready; ready: {[m.headers['dbqueue_step'][1] for m in claimed]}"
+    return mine[0]
+
+
+def ready() -> list[str]:
+    return sorted(m.headers["dbqueue_step"][1] for m in Message.objects.filter(queue=Q, lease_token__isnull=True))
+
+
+def nothing_written():
+    return (
+        WorkflowRun.objects.count()
+        + WorkflowStep.objects.count()
+        + WorkflowEdge.objects.count()
+        + Message.objects.count()
+    )
+
+
+# --- the builder's checks ------------------------------------------------------------------
+
+
+def bad(*build):
+    workflow = Workflow("bad")
+    for step in build:
+        step(workflow)
+    return workflow
+
+
+@pytest.mark.parametrize(
+    ("workflow", "error", "says"),
+    [
+        (lambda: bad(), InvalidOption, "has no steps"),
+        (lambda: bad(lambda w: w.add("a", Q), lambda w: w.add("a", Q)), InvalidOption, "two steps are named 'a'"),
+        (lambda: bad(lambda w: w.add("a", Q, after=["nope"])), InvalidOption, "'nope', which is no step"),
+        (lambda: bad(lambda w: w.add("a", Q, after=["a"])), InvalidOption, "cycle"),
+        (
+            lambda: bad(
+                lambda w: w.add("x", Q), lambda w: w.add("a", Q, after=["b"]), lambda w: w.add("b", Q, after=["a"])
+            ),
+            InvalidOption,
+            "'a', 'b' depend on each other in a cycle",
+        ),
+        (lambda: bad(lambda w: w.add("a", Q, priority="high")), InvalidOption, "step 'a'"),
+        (lambda: bad(lambda w: w.add("a", Q, colour="red")), UnknownOption, "unknown enqueue option"),
+        (lambda: bad(lambda w: w.add("a", Q, {"x": object()})), PayloadNotSerializable, "step 'a'"),
+        (lambda: bad(lambda w: w.add("a", "bad queue name!")), Exception, "step 'a'"),
+        (lambda: bad(lambda w: w.add("a", Q, key="k")), InvalidOption, "cannot be keyed"),
+        (lambda: bad(lambda w: w.add("a", Q, using="default")), InvalidOption, "give using= to Workflow.enqueue()"),
+        (lambda: bad(lambda w: w.add("", Q)), InvalidOption, "step name must be a non-empty string"),
+        (lambda: bad(lambda w: w.add("a", Q, after=["a", "a"])), InvalidOption, "twice"),
+        (lambda: bad(lambda w: w.add("s", Workflow("empty"))), InvalidOption, "empty workflow"),
+    ],
+)
+def test_each_invalid_declaration_is_refused_and_nothing_is_written(workflow, error, says):
+    with pytest.raises(error, match=says.replace("(", r"\(").replace(")", r"\)")):
+        workflow().enqueue()
+    assert nothing_written() == 0
+
+
+def test_more_steps_than_the_maximum_is_refused(monkeypatch):
+    monkeypatch.setattr(builder, "MAX_STEPS", 3)
+    workflow = Workflow("big")
+    workflow.group(*(Step(f"s{n}", Q) for n in range(4)))
+    with pytest.raises(InvalidOption, match="has 4 steps; the limit is 3"):
+        workflow.enqueue()
+    assert nothing_written() == 0
+
+
+def test_a_workflow_enqueued_in_a_rolled_back_transaction_leaves_nothing():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        django_dbqueue.workflows.chain("c", Step("a", Q), Step("b", Q)).enqueue()
+        raise RuntimeError("roll back")
+    assert nothing_written() == 0
+
+
+# --- the join -------------------------------------------------------------------------------
+
+
+def test_a_chain_runs_in_order_and_results_flow_down():
+    run = django_dbqueue.workflows.chain("c", Step("a", Q, {"n": 1}), Step("b", Q), Step("c", Q)).enqueue()
+    assert ready() == ["a"]
+    take("a").ack(result={"from": "a"})
+    assert ready() == ["b"]
+    b = take("b")
+    assert b.parent_results() == {"a": {"from": "a"}}
+    b.ack(result=2)
+    c = take("c")
+    assert c.parent_results() == {"b": 2}
+    c.ack()
+    status = Workflow.status(run.pk)
+    assert (status["state"], status["outcome"]) == ("finished", "succeeded")
+    assert status["counts"]["acked"] == 3
+    assert [s["state"] for s in status["steps"]] == ["acked"] * 3
+
+
+def test_a_diamond_runs_its_join_once_after_both_parents():
+    workflow = Workflow("diamond")
+    workflow.add("a", Q)
+    workflow.add("b", Q, after=["a"])
+    workflow.add("c", Q, after=["a"])
+    workflow.add("d", Q, after=["b", "c"])
+    run = workflow.enqueue()
+    take("a").ack()
+    assert ready() == ["b", "c"]
+    b, c = take("b"), take("c")
+    b.ack(result="B")
+    assert ready() == []
+    c.ack(result="C")
+    d = take("d")
+    assert d.parent_results() == {"b": "B", "c": "C"}
+    d.ack()
+    assert Workflow.status(run.pk)["outcome"] == "succeeded"
+
+
+def test_a_chord_body_gets_its_group_results_in_step_order():
+    run = django_dbqueue.workflows.chord("sum", [Step(f"part{n}", Q, n) for n in range(5)], Step("total", Q)).enqueue()
+    for n in reversed(range(5)):  # finished in the other order
+        take(f"part{n}").ack(result=n * 10)
+    total = take("total")
+    assert list(total.parent_results().items()) == [(f"part{n}", n * 10) for n in range(5)]
+    total.ack()
+    assert WorkflowRun.objects.get(pk=run.pk).outcome == "succeeded"
+
+
+def test_a_sub_workflow_is_inlined_with_prefixed_names():
+    inner = Workflow("inner")
+    inner.add("x", Q)
+    inner.add("y", Q, after=["x"])
+    inner.add("z", Q, after=["x"])
+    outer = Workflow("outer")
+    outer.add("first", Q)
+    outer.add("sub", inner, after=["first"])
+    outer.add("last", Q, after=["sub"])
+    outer.enqueue()
+    take("first").ack()
+    take("sub.x").ack()
+    assert ready() == ["sub.y", "sub.z"]
+    take("sub.y").ack()
+    assert ready() == ["sub.z"]
+    take("sub.z").ack()
+    assert list(take("last").parent_results()) == ["sub.y", "sub.z"]
+
+
+def test_an_ordinary_ack_runs_no_workflow_statement():
+    workflow = Workflow("w")
+    workflow.add("a", Q)
+    workflow.enqueue()
+    django_dbqueue.enqueue(Q, {"plain": True})
+    claimed = django_dbqueue.claim(Q, 2)
+    plain = next(m for m in claimed if "dbqueue_step" not in m.headers)
+    step = next(m for m in claimed if "dbqueue_step" in m.headers)
+    with CaptureQueriesContext(connection) as plain_ack:
+        assert plain.ack()
+    assert not [q for q in plain_ack.captured_queries if "workflow" in q["sql"]]
+    with CaptureQueriesContext(connection) as step_ack:
+        assert step.ack()
+    assert [q for q in step_ack.captured_queries if "workflow" in q["sql"]]
+
+
+def test_acks_of_a_batch_settle_their_steps():
+    workflow = Workflow("batch")
+    workflow.group(Step("a", Q), Step("b", Q))
+    workflow.add("c", Q, after=["a", "b"])
+    run = workflow.enqueue()
+    django_dbqueue.enqueue(Q, {"plain": True})
+    claimed = django_dbqueue.claim(Q, 3)
+    assert django_dbqueue.ack_many(claimed, results={m.pk: m.pk for m in claimed}) == [True] * 3
+    assert ready() == ["c"]
+    c = take("c")
+    assert set(c.parent_results()) == {"a", "b"}
+    assert WorkflowRun.objects.get(pk=run.pk).open_steps == 1
+
+
+# --- the policies -----------------------------------------------------------------------
+
+
+def diamond(**policy):
+    workflow = Workflow("p", **policy)
+    workflow.add("a", Q, max_attempts=1)
+    workflow.add("b", Q, after=["a"])
+    workflow.add("c", Q, after=["b"])
+    return workflow
+
+
+def test_a_dead_dependency_cancels_its_dependents_and_theirs_naming_it():
+    run = diamond().enqueue()
+    take("a").fail("boom", retry=False)
+    status = Workflow.status(run.pk)
+    states = {s["name"]: (s["state"], s["reason"]) for s in status["steps"]}
+    assert states["a"][0] == "dead"
+    assert states["b"] == ("cancelled", "dependency 'a' ended dead")
+    assert states["c"] == ("cancelled", "dependency 'a' ended cancelled")
+    assert (status["state"], status["outcome"]) == ("finished", "failed")
+    assert ready() == []
+
+
+@pytest.mark.parametrize("where", ["workflow", "step", "dep"])
+def test_ignore_dead_lets_the_dependent_run(where):
+    workflow = Workflow("p", ignore_dead=where == "workflow")
+    workflow.add("a", Q, max_attempts=1)
+    if where == "dep":
+        workflow.add("b", Q, after=[Dep("a", ignore_dead=True)])
+    else:
+        workflow.add("b", Q, after=["a"], ignore_dead=where == "step")
+    run = workflow.enqueue()
+    take("a").reject(requeue=False, reason="no")
+    b = take("b")
+    assert b.parent_results() == {"a": None}
+    b.ack()
+    assert Workflow.status(run.pk)["outcome"] == "failed"  # a step died, the rest ran
+
+
+def test_ignore_dead_does_not_ignore_a_cancel():
+    workflow = Workflow("p")
+    workflow.add("a", Q)
+    workflow.add("b", Q, after=[Dep("a", ignore_dead=True)])
+    run = workflow.enqueue()
+    cancel(Message.objects.get(queue=Q).pk)
+    assert {s["name"]: s["state"] for s in Workflow.status(run.pk)["steps"]} == {"a": "cancelled", "b": "cancelled"}
+
+
+def test_ignore_cancelled_lets_the_dependent_run():
+    workflow = Workflow("p")
+    workflow.add("a", Q)
+    workflow.add("b", Q, after=["a"], ignore_cancelled=True)
+    workflow.enqueue()
+    assert cancel(Message.objects.get(queue=Q).pk)
+    assert ready() == ["b"]
+
+
+def test_ignore_expired_lets_the_dependent_run_and_the_default_does_not():
+    past = timezone.now() - timedelta(seconds=1)
+    workflow = Workflow("p")
+    workflow.add("a", Q, expires_at=past)
+    workflow.add("tolerant", Q, after=["a"], ignore_expired=True)
+    workflow.add("strict", Q, after=["a"])
+    run = workflow.enqueue()
+    Reaper().run_once()
+    assert ready() == ["tolerant"]
+    steps = {s["name"]: (s["state"], s["reason"]) for s in Workflow.status(run.pk)["steps"]}
+    assert steps["a"][0] == "expired"
+    assert steps["strict"] == ("cancelled", "dependency 'a' ended expired")
+
+
+# --- cancel, replay ---------------------------------------------------------------------
+
+
+def test_cancel_a_running_workflow():
+    workflow = Workflow("c")
+    workflow.group(Step("running", Q), Step("queued", Q))
+    workflow.add("waiting", Q, after=["running", "queued"])
+    run = workflow.enqueue()
+    running = take("running")
+    assert Workflow.cancel(run.pk, by="ops") == 2
+    states = {s["name"]: s["state"] for s in Workflow.status(run.pk)["steps"]}
+    assert states == {"running": "enqueued", "queued": "cancelled", "waiting": "cancelled"}
+    running.refresh_from_db()
+    assert running.cancel_requested_at is not None  # asked to stop, as any running message
+    assert running.archive_cancelled()
+    status = Workflow.status(run.pk)
+    assert (status["state"], status["outcome"]) == ("finished", "cancelled")
+    assert Message.objects.count() == 0
+
+
+def test_replaying_a_dead_step_resumes_the_workflow():
+    run = diamond().enqueue()
+    take("a").fail("boom", retry=False)
+    assert Workflow.status(run.pk)["outcome"] == "failed"
+    replay(ArchivedMessage.objects.get(outcome=Outcome.DEAD))
+    status = Workflow.status(run.pk)
+    assert (status["state"], status["outcome"]) == ("running", "")
+    assert [s["state"] for s in status["steps"]] == ["enqueued", "waiting", "waiting"]
+    take("a").ack()
+    take("b").ack()
+    take("c").ack()
+    status = Workflow.status(run.pk)
+    assert (status["state"], status["outcome"]) == ("finished", "succeeded")
+
+
+# --- results' bounds ------------------------------------------------------------------------
+
+
+def test_a_result_too_big_to_keep_is_refused_by_name_when_read(monkeypatch):
+    monkeypatch.setattr(table, "MAX_RESULT_BYTES", 100)
+    django_dbqueue.workflows.chain("big", Step("a", Q), Step("b", Q)).enqueue()
+    take("a").ack(result="x" * 200)
+    with pytest.raises(InvalidOption, match=r"step 'a' returned a result that was not kept: .*limit is 100"):
+        take("b").parent_results()
+
+
+def test_parent_results_past_their_bound_are_refused(monkeypatch):
+    monkeypatch.setattr(table, "MAX_PARENT_RESULTS_BYTES", 50)
+    django_dbqueue.workflows.chord("big", [Step("a", Q), Step("b", Q)], Step("c", Q)).enqueue()
+    take("a").ack(result="x" * 30)
+    take("b").ack(result="y" * 30)
+    with pytest.raises(InvalidOption, match="parents pass 50 bytes of JSON \\(at step 'b'\\)"):
+        take("c").parent_results()
+
+
+def test_an_ordinary_message_has_no_parent_results():
+    with pytest.raises(InvalidOption, match="is not a workflow step"):
+        django_dbqueue.enqueue(Q, {}).parent_results()
+
+
+# --- the reaper -----------------------------------------------------------------------
+
+
+def test_the_reaper_settles_a_step_archived_outside_the_finishing_paths():
+    run = django_dbqueue.workflows.chain("sql", Step("a", Q), Step("b", Q)).enqueue()
+    message = Message.objects.get(queue=Q)
+    # A plain SQL consumer's ack: the live row deleted, an archive row written, no join.
+    ArchivedMessage.from_live(message, Outcome.ACKED, result="by SQL").save()
+    Message.objects.filter(pk=message.pk)._raw_delete("default")
+    assert ready() == []
+    report = Reaper().run_once()
+    assert report.steps_settled == 1
+    assert take("b").parent_results() == {"a": "by SQL"}
+    assert Reaper().run_once().steps_settled == 0
+    assert WorkflowRun.objects.get(pk=run.pk).open_steps == 1
+
+
+def test_the_reaper_deletes_finished_workflows_past_retention(settings):
+    settings.DBQUEUE = {"RETENTION_DAYS": 1}
+    old = django_dbqueue.workflows.chain("old", Step("a", Q)).enqueue()
+    take("a").ack()
+    live = django_dbqueue.workflows.chain("live", Step("b", Q)).enqueue()
+    WorkflowRun.objects.filter(pk__in=[old.pk, live.pk]).update(created_at=timezone.now() - timedelta(days=3))
+    WorkflowRun.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(days=2))
+    assert Reaper().run_once().workflows_pruned == 1
+    assert list(WorkflowRun.objects.values_list("pk", flat=True)) == [live.pk]
+    assert not WorkflowStep.objects.filter(workflow_id=old.pk).exists()
+
+
+def test_a_step_whose_workflow_is_gone_is_reported_and_nothing_runs(caplog):
+    django_dbqueue.workflows.chain("orphan", Step("a", Q), Step("b", Q)).enqueue()
+    a = take("a")
+    WorkflowEdge.objects.all().delete()
+    WorkflowStep.objects.all().delete()
+    WorkflowRun.objects.all().delete()
+    assert a.ack()
+    assert "whose rows are gone" in caplog.text
+    assert Message.objects.count() == 0
