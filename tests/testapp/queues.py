@@ -236,3 +236,14 @@ async def mixed_async(message):
     await asyncio.sleep(0.01)
     mark("done", message)
     return {"how": "async", "pid": os.getpid()}
+
+
+@django_dbqueue.handler("wf-p")
+@django_dbqueue.handler("wf-kill-a")
+@django_dbqueue.handler("wf-kill-b")
+def workflow_step(message):
+    """A workflow step (tests/test_workflow_processes.py): marks ``step:NAME``, sleeps ``sleep``, returns its name."""
+    name = message.headers["dbqueue_step"][1]
+    time.sleep(message.payload.get("sleep", 0))
+    mark(f"step:{message.headers['dbqueue_step'][0]}:{name}", message)
+    return name
