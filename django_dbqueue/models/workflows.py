@@ -24,7 +24,7 @@ from typing import Any, Self
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
-from django.db.models import Count, F
+from django.db.models import Count, Exists, F, OuterRef
 
 from ..db.clock import DbNow
 from ..db.errors import with_retries
@@ -490,7 +490,7 @@ def reopen(using: str, headers: Any, old_message_id: int, new_message_id: int) -
 
 
 def unsettled(using: str, archive: Any, limit: int) -> list[tuple[int, str, str, Any]]:
-    """Up to ``limit`` enqueued steps whose message is archived: (archive row id, outcome...) for the sweep.
+    """Up to ``limit`` enqueued steps whose message is archived: (message id, outcome, headers, result).
 
     Every finishing path settles its step in its own transaction; this finds
     what a path outside them (a plain SQL consumer) left, by the step's
@@ -498,8 +498,9 @@ def unsettled(using: str, archive: Any, limit: int) -> list[tuple[int, str, str,
     """
     ids = list(
         WorkflowStep.objects.using(using)
-        .filter(state=StepState.ENQUEUED, message_id__in=archive.values("message_id"))
-        .order_by("id")
+        .filter(state=StepState.ENQUEUED)
+        .filter(Exists(archive.filter(message_id=OuterRef("message_id"))))  # per step, by the archive's index
+        .order_by("message_id")
         .values_list("message_id", flat=True)[:limit]
     )
     rows = archive.filter(message_id__in=ids).order_by("id").values_list("message_id", "outcome", "headers", "result")
