@@ -415,6 +415,27 @@ def test_an_import_error_in_the_children_stops_the_pool_with_status_1_and_one_li
     assert not Worker.objects.exists()
 
 
+@pytest.mark.slow
+def test_exec_mode_runs_in_every_child_with_its_timeout(pools, tmp_path):
+    marks = tmp_path / "marks"
+    ids = [m.pk for m in django_dbqueue.enqueue_many("w-exec", [{"text": str(n)} for n in range(30)])]
+    hung = django_dbqueue.enqueue("w-exec", {"sleep": 60}, max_attempts=1)
+    command = f"{sys.executable} {ROOT / 'tests' / 'support' / 'exec_consumer.py'} {marks}"
+    pool = pools.start("w-exec", "--processes", 2, "--until-empty", "--exec", command, "--exec-timeout", 2, "-v", 2)
+    status, output = pools.finish(pool, timeout=120)
+    assert status == ExitStatus.OK, output
+    rows = ArchivedMessage.objects.filter(message_id__in=ids)
+    assert rows.count() == 30 and set(rows.values_list("outcome", flat=True)) == {Outcome.ACKED}
+    # Each ran its command once, in a child (the supervisor runs no handler); the hung one was killed asleep.
+    ran = Counter(int(line.split()[0]) for line in marks.read_text().splitlines())
+    assert ran == Counter(ids)
+    supervisor = re.search(r"pool (\S+) exits", output).group(1)
+    assert supervisor not in set(rows.values_list("finished_by", flat=True))
+    assert output.count(f"exec: {command}") == 2  # each child's banner names the command
+    dead = ArchivedMessage.objects.get(message_id=hung.pk)  # the children got --exec-timeout too
+    assert dead.outcome == Outcome.DEAD and "ran longer than 2s and was killed" in dead.last_error
+
+
 # Children of the tests of replacements take this long more to start: see largest_gap.
 SLOW_START = 2.5
 

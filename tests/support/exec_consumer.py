@@ -2,14 +2,17 @@
 
 Reads the payload from stdin, appends ``id queue kind attempt text`` to the
 file named by its argument, and exits with the payload's ``exit`` status.
-With ``"nul": true`` it prints NUL characters to stdout and stderr first.
+With ``"nul": true`` it prints NUL characters to stdout and stderr first;
+with ``"sleep": S`` it sleeps S seconds first.
 """
 
 import json
 import os
 import sys
+import time
 
 payload = json.load(sys.stdin)
+time.sleep(payload.get("sleep", 0))
 with open(sys.argv[1], "a") as marks:
     env = os.environ
     marks.write(
