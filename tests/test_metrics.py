@@ -16,11 +16,11 @@ from prometheus_client import REGISTRY
 import django_dbqueue
 from django_dbqueue import handlers, metrics
 from django_dbqueue.metrics import database, labels
-from django_dbqueue.models import Message
+from django_dbqueue.models import ArchivedMessage, Message, Worker
 from django_dbqueue.reaper import Reaper
 from django_dbqueue.running import process
 from django_dbqueue.worker import ExitStatus
-from tests.support.processes import ROOT, start_command, start_worker, wait_for
+from tests.support.processes import ROOT, read_marks, start_command, start_worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -263,6 +263,56 @@ def test_prometheus_scrapes_a_worker_and_the_view(tmp_path):
                 p.communicate(timeout=30)
             except Exception:
                 p.kill()
+
+
+@pytest.mark.slow
+def test_a_pool_is_one_exposition_and_a_killed_child_s_live_gauges_go_with_it(tmp_path, monkeypatch):
+    """docs/workers.md, "Metrics": each child writes its own files and queuemetrics adds them up; a child
+    killed mid-message cannot remove its live gauge (handlers in flight) itself, so its supervisor does."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from django_dbqueue.metrics.exposition import build_registry
+
+    multiproc, marks = tmp_path / "multiproc", tmp_path / "marks"
+    multiproc.mkdir()
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(multiproc), "DBQUEUE_TEST_METRICS": "1"}
+    hung = django_dbqueue.enqueue("w-sleep", {"sleep": 600})
+    pool = start_worker("w-sleep", "--processes", 2, marks=marks, **env)
+    try:
+        victim = wait_for(
+            lambda: next((pid for event, pk, pid in read_marks(marks) if (event, pk) == ("start", hung.pk)), None),
+            timeout=90,
+            what="the hung handler to start",
+        )
+        gauge = multiproc / f"gauge_liveall_{victim}.db"
+        wait_for(gauge.exists, what="its in-flight gauge")
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: not gauge.exists(), timeout=30, what="the supervisor to remove the dead child's gauge")
+        children = Worker.objects.exclude(supervisor="").exclude(pid=victim)
+        wait_for(lambda: children.count() == 2, timeout=90, what="its replacement")
+        # 6 s of work for one thread: both children take part.
+        ids = [m.pk for m in django_dbqueue.enqueue_many("w-sleep", [{"sleep": 0.3}] * 20)]
+        wait_for(lambda: ArchivedMessage.objects.filter(message_id__in=ids).count() == 20, timeout=90, what="acks")
+        pool.send_signal(signal.SIGTERM)
+        _, err = pool.communicate(timeout=120)
+    finally:
+        if pool.poll() is None:
+            pool.kill()
+            pool.communicate(timeout=10)
+    assert pool.returncode == ExitStatus.OK, err
+    counted = {path.name for path in multiproc.iterdir() if path.name.startswith("counter_")}
+    assert len(counted) >= 2, counted  # the children counted in files of their own
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(multiproc))
+    text = generate_latest(build_registry()).decode()
+    acked = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "dbqueue_messages_acked_total" and sample.labels.get("queue") == "w-sleep"
+    ]
+    assert sum(acked) == 20  # one exposition for the pool: the children's counts added up
+    assert "dbqueue_handlers_in_flight{" not in text  # the killed child's running handler does not linger
 
 
 def dashboard_queries():
