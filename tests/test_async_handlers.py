@@ -213,6 +213,34 @@ def test_async_outcomes_retries_dead_letters_progress_and_a_blocked_loop(workers
     assert "the event loop has been blocked" in output and f"message {blocking.pk}" in output
 
 
+def test_the_heartbeat_extends_a_running_async_handler_s_lease_and_writes_its_progress(workers):
+    """A lease of 5 s and a handler of 12 s: without the heartbeat the second worker would claim it again."""
+    message = django_dbqueue.enqueue("a-outcomes", {"action": "progress", "sleep": 12})
+    first = workers.start("a-outcomes", "--visibility-timeout", "5", "--no-schedules")
+    wait_for(lambda: workers.starts()[message.pk], timeout=30, what="the handler to start")
+    claimed = Message.objects.get(pk=message.pk)
+    second = workers.start("a-outcomes", "--visibility-timeout", "5", "--no-schedules")
+    # Its progress, reported as it began, reaches the row while it runs; its lease moves on.
+    running = wait_for(
+        lambda: (
+            (row := Message.objects.filter(pk=message.pk).first())
+            and row.progress == {"done": 1, "total": 2, "note": "half"}
+            and row.available_at > claimed.available_at
+            and row
+        ),
+        timeout=30,
+        what="a heartbeat to write its progress and extend its lease",
+    )
+    assert running.meta == {"step": "one"} and running.lease_token == claimed.lease_token
+    row = wait_for(lambda: ArchivedMessage.objects.filter(message_id=message.pk).first(), timeout=60, what="ack")
+    assert row.outcome == Outcome.ACKED and row.attempts == 1
+    assert workers.starts()[message.pk] == 1  # the second worker never got it
+    for worker in (first, second):
+        worker.send_signal(signal.SIGTERM)
+        status, output = workers.finish(worker)
+        assert status == ExitStatus.OK, output
+
+
 def test_sync_and_async_handlers_serve_one_worker_at_once(workers):
     plain = [m.pk for m in django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(20)])]
     waiting = [m.pk for m in django_dbqueue.enqueue_many("a-sleep", [{"sleep": 0.2}] * 20)]

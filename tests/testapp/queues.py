@@ -215,9 +215,10 @@ async def async_outcomes(message):
         raise django_dbqueue.Reject("not for us")
     if action == "block":  # a blocking call on the loop: the worker warns
         time.sleep(message.payload.get("sleep", 0))
-    if action == "progress":
+    if action == "progress":  # then awaits ``sleep`` seconds, if given
         message.set_progress(1, 2, note="half")
         message.update_meta(step="one")
+        await asyncio.sleep(message.payload.get("sleep", 0))
     await asyncio.sleep(0)
     seen = await Message.objects.filter(pk=message.pk).aexists()  # the async ORM, on its own connection
     return {"seen": seen}
