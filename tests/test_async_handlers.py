@@ -144,8 +144,14 @@ def test_a_queue_with_sync_and_async_handlers_is_warned_about_at_start(caplog):
     assert "at most --concurrency (2) at once, not --async-concurrency (50)" in warning.getMessage()
     assert "a queue of their own" in warning.getMessage()
     caplog.clear()
-    QueueWorker(WorkerConfig(queues=["a-sleep", "w-ok"])).log_banner()
+    QueueWorker(WorkerConfig(queues=["a-sleep", "w-ok"], async_timeout=5)).log_banner()
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_an_async_timeout_without_async_handlers_is_warned_about_at_start(caplog):
+    QueueWorker(WorkerConfig(queues=["w-ok"], async_timeout=5)).log_banner()
+    [warning] = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "--async-timeout applies to async def handlers, and no queue it serves has one" in warning.getMessage()
 
 
 def test_command_rejects_a_bad_async_concurrency():

@@ -299,11 +299,19 @@ class QueueWorker:
         self.warn_mixed()
 
     def warn_mixed(self) -> None:
-        """A queue with sync and async handlers: its async kinds run one per consumer thread, not on the loop's slots.
+        """A queue with sync and async handlers: its async kinds run one per consumer thread, not on the loop's slots;
+        and ``--async-timeout`` without an async handler, which limits nothing.
 
-        Said once at start, as a WARNING, because the docs' advice (a queue of
+        Said once at start, as WARNINGs, because the docs' advice (a queue of
         their own) is easy to miss and the cost shows only under load.
         """
+        if self.config.async_timeout is not None and self.event_loop is None:
+            logger.warning(
+                "worker %s: --async-timeout applies to async def handlers, and no queue it serves has one: "
+                "its handlers run without a time limit",
+                self.name,
+                extra=event("async_timeout_unused", worker=self.name),
+            )
         if not self.mixed_queues:
             return
         logger.warning(
