@@ -61,6 +61,10 @@ handler_finished = Signal()
 #: A reaper pass that held the lock (sender: the Reaper class). Extra: ``report``
 #: (a ReapReport: stale_workers, released, poison, expired, pruned), ``using``.
 reaper_passed = Signal()
+#: A workflow finished (sender: WorkflowRun), once the transaction that finished it
+#: committed. Extra: ``workflow`` (its id), ``name``, ``outcome`` (``succeeded``,
+#: ``failed``, ``cancelled``), ``using``.
+workflow_finished = Signal()
 
 SIGNALS = {
     "enqueued": message_enqueued,

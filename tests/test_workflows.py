@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import django_dbqueue
+import django_dbqueue.signals
 from django_dbqueue import Dep, Step, Workflow
 from django_dbqueue import workflows as builder
 from django_dbqueue.control import cancel, replay
@@ -381,3 +382,46 @@ def test_a_step_whose_workflow_is_gone_is_reported_and_nothing_runs(caplog):
     assert a.ack()
     assert "whose rows are gone" in caplog.text
     assert Message.objects.count() == 0
+
+
+# --- the signal and the counter ---------------------------------------------------------
+
+
+def test_workflow_finished_is_sent_once_with_the_outcome():
+    heard = []
+
+    def receiver(sender, **kwargs):
+        heard.append((sender, kwargs["workflow"], kwargs["name"], kwargs["outcome"]))
+
+    django_dbqueue.signals.workflow_finished.connect(receiver)
+    try:
+        run = django_dbqueue.workflows.chain("signalled", Step("a", Q), Step("b", Q)).enqueue()
+        take("a").ack()
+        assert heard == []
+        take("b").ack()
+        failed = diamond().enqueue()
+        take("a").fail("boom", retry=False)
+    finally:
+        django_dbqueue.signals.workflow_finished.disconnect(receiver)
+    assert heard == [(WorkflowRun, run.pk, "signalled", "succeeded"), (WorkflowRun, failed.pk, "p", "failed")]
+
+
+def test_the_prometheus_counter_counts_workflows_by_outcome():
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import REGISTRY
+
+    from django_dbqueue.metrics import instruments
+
+    def count(outcome):
+        return REGISTRY.get_sample_value("dbqueue_workflows_finished_total", {"outcome": outcome}) or 0
+
+    before = count("cancelled")
+    instruments.connect()
+    try:
+        workflow = Workflow("counted")
+        workflow.add("a", Q)
+        run = workflow.enqueue()
+        Workflow.cancel(run.pk)
+    finally:
+        instruments.disconnect()
+    assert count("cancelled") == before + 1

@@ -40,6 +40,7 @@ IN_FLIGHT = Gauge(
     "dbqueue_handlers_in_flight", "Handlers running now, per worker process.", ["queue"], multiprocess_mode="liveall"
 )
 REAPER = Counter("dbqueue_reaper_actions", "What reaper passes did.", ["action"])
+WORKFLOWS = Counter("dbqueue_workflows_finished", "Workflows finished, by outcome.", ["outcome"])
 
 # Claim times by message id, for the claim-to-start wait; bounded (released messages never start).
 _claimed: OrderedDict[int, float] = OrderedDict()
@@ -88,10 +89,15 @@ def on_finished(sender: Any, message: Any, outcome: str, duration: float, **kwar
 
 
 def on_reaper(sender: Any, report: Any, **kwargs: Any) -> None:
-    for action in ("stale_workers", "released", "poison", "cancelled", "expired", "pruned"):
+    actions = ("stale_workers", "released", "poison", "cancelled", "expired", "pruned")
+    for action in (*actions, "workflows_pruned", "steps_settled"):
         count = getattr(report, action)
         if count:
             REAPER.labels(action).inc(count)
+
+
+def on_workflow_finished(sender: Any, outcome: str, **kwargs: Any) -> None:
+    WORKFLOWS.labels(outcome).inc()  # three values at most: a bounded label
 
 
 RECEIVERS: list[tuple[Signal, Callable[..., None]]] = [
@@ -103,6 +109,7 @@ RECEIVERS: list[tuple[Signal, Callable[..., None]]] = [
     (signals.handler_started, on_started),
     (signals.handler_finished, on_finished),
     (signals.reaper_passed, on_reaper),
+    (signals.workflow_finished, on_workflow_finished),
 ]
 
 

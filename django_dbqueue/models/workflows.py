@@ -26,9 +26,10 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Count, Exists, F, OuterRef
 
+from .. import signals
 from ..db.clock import DbNow
 from ..db.errors import with_retries
-from ..db.transactions import write_transaction
+from ..db.transactions import after_commit, write_transaction
 from ..exceptions import InvalidOption
 from ..validation import json_problem, json_size_problem, storable_text
 from . import events
@@ -382,7 +383,23 @@ def _close(using: str, workflow_id: int, closed: int, failed: int) -> None:
         changes["finished_at"] = DbNow()
         if run.outcome != WorkflowOutcome.CANCELLED:
             changes["outcome"] = WorkflowOutcome.FAILED if changes["failed_steps"] else WorkflowOutcome.SUCCEEDED
+        if signals.workflow_finished.receivers:
+            outcome = changes.get("outcome", run.outcome)
+            after_commit(using, lambda: _announce(using, workflow_id, run.name, outcome))
     runs.filter(pk=workflow_id).update(**changes)
+
+
+def _announce(using: str, workflow_id: int, name: str, outcome: str) -> None:
+    """``workflow_finished``, once durable; a receiver that raises is logged, as for the message signals."""
+    for receiver, response in signals.workflow_finished.send_robust(
+        sender=WorkflowRun, workflow=workflow_id, name=name, outcome=outcome, using=using
+    ):
+        if isinstance(response, Exception):
+            logger.error(
+                "receiver %s of django_dbqueue signal workflow_finished raised; the workflow stands",
+                getattr(receiver, "__qualname__", receiver),
+                exc_info=response,
+            )
 
 
 # --- reading results --------------------------------------------------------------------
