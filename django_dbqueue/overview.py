@@ -18,11 +18,12 @@ from django.db.models.functions import TruncHour
 from . import handlers
 from .conf import get_settings
 from .db.clock import db_now
-from .models import ArchivedMessage, Message, Outcome, QueueStat, QueueState, Worker, flow
+from .models import ArchivedMessage, Message, Outcome, QueueStat, QueueState, Worker, WorkflowRun, flow
 from .schedules.status import ScheduleStatus
 
 HOURS = 24
 RUNNING_SHOWN = 20  # in-flight messages with progress listed, longest running first
+WORKFLOWS_SHOWN = 20  # workflows in progress listed, oldest first
 GROUPS_SHOWN = 10  # groups of a flow-controlled queue listed, most in flight first
 
 
@@ -108,6 +109,17 @@ class FlowSummary:
 
 
 @dataclass
+class WorkflowSummary:
+    """A workflow in progress (docs/workflows.md): its steps still open and those that failed."""
+
+    id: int
+    name: str
+    open_steps: int
+    failed_steps: int
+    running_for: timedelta
+
+
+@dataclass
 class Overview:
     now: datetime
     hours: list[datetime]  # the start of each of the last HOURS hours, oldest first
@@ -116,6 +128,8 @@ class Overview:
     workers: list[WorkerSummary]
     running: list[RunningSummary] = field(default_factory=list)
     flow: list[FlowSummary] = field(default_factory=list)
+    workflows: list[WorkflowSummary] = field(default_factory=list)  # the oldest WORKFLOWS_SHOWN in progress
+    workflows_running: int = 0
 
     def as_json(self) -> dict[str, Any]:
         """Plain JSON types: times as ISO 8601, ages in seconds."""
@@ -170,7 +184,15 @@ def build_overview(using: str | None = None) -> Overview:
     running = [_running(row, now) for row in Message.objects.using(using).reporting()[:RUNNING_SHOWN]]
     controlled = [name for name in sorted(queues) if dbq.for_queue(name).flow_controlled]
     flows = [_flow(using, name) for name in controlled]
-    return Overview(now, hours, source, [queues[name] for name in sorted(queues)], workers, running, flows)
+    in_progress = WorkflowRun.objects.using(using).in_progress()
+    workflows = [
+        WorkflowSummary(w.pk, w.name, w.open_steps, w.failed_steps, now - w.created_at)
+        for w in in_progress[:WORKFLOWS_SHOWN]
+    ]
+    count = len(workflows) if len(workflows) < WORKFLOWS_SHOWN else in_progress.count()
+    overview = Overview(now, hours, source, [queues[name] for name in sorted(queues)], workers, running, flows)
+    overview.workflows, overview.workflows_running = workflows, count
+    return overview
 
 
 def _flow(using: str, queue: str) -> FlowSummary:
@@ -365,6 +387,12 @@ def as_table(overview: Overview) -> str:
             f"{indent}{w.name}  queues {', '.join(w.queues)}  {heartbeat}  "
             f"processed {w.processed}, failed {w.failed}{flag}"
         )
+    if overview.workflows:
+        lines += ["", f"Workflows in progress ({overview.workflows_running})"]
+        for run in overview.workflows:
+            failed = f", {run.failed_steps} failed" if run.failed_steps else ""
+            age = format_age(run.running_for)
+            lines.append(f"  #{run.id} {run.name}  {run.open_steps} step(s) open{failed}  for {age}")
     if overview.running:
         lines += ["", f"Running with progress ({len(overview.running)})"]
         for r in overview.running:

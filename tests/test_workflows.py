@@ -425,3 +425,22 @@ def test_the_prometheus_counter_counts_workflows_by_outcome():
     finally:
         instruments.disconnect()
     assert count("cancelled") == before + 1
+
+
+def test_queuestats_lists_workflows_in_progress():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    running = django_dbqueue.workflows.chain("invoice-9", Step("a", Q), Step("b", Q)).enqueue()
+    done = django_dbqueue.workflows.chain("done", Step("x", Q)).enqueue()
+    take("x").ack()
+    out = StringIO()
+    call_command("queuestats", stdout=out)
+    assert "Workflows in progress (1)" in out.getvalue()
+    assert f"#{running.pk} invoice-9  2 step(s) open" in out.getvalue()
+    assert f"#{done.pk} " not in out.getvalue()
+    out = StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    data = __import__("json").loads(out.getvalue())
+    assert (data["workflows_running"], [w["name"] for w in data["workflows"]]) == (1, ["invoice-9"])

@@ -94,6 +94,10 @@ def kept_result(value: Any) -> tuple[Any, str]:
 
 
 class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
+    def in_progress(self) -> Self:
+        """Running workflows, oldest first (queuestats), by the (state, finished_at) index's first column."""
+        return self.filter(state=WorkflowRun.RUNNING).order_by("created_at", "id")
+
     def finished_before(self, before: datetime) -> Self:
         return self.filter(state=WorkflowRun.FINISHED, finished_at__lt=before)
 
