@@ -155,3 +155,20 @@ def test_the_cpu_bound_handler_is_registered_only_where_the_phase_asks(monkeypat
     finally:
         handlers.unregister(QUEUE, None)
     assert rounds_for(5) > 0 and burn(10) == sum(n * n % 7 for n in range(10))
+
+
+def test_workflows_drains_a_chain_and_a_fan_out_against_plain_messages(monkeypatch, capsys):
+    from django_dbqueue.models import WorkflowRun
+
+    monkeypatch.setenv("DBQUEUE_TEST_DATABASE_NAME", str(connection.settings_dict["NAME"]))
+    call_command("queuebench", "--phases=workflows", "--messages=60", "--workers=2", "--batch-size=5", "--json")
+    results = {r["phase"].split(" (")[0]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert set(results) == {"workflow chain", "workflow fan-out/fan-in"}
+    for result in results.values():
+        assert result["ours"] > 0 and result["baseline"] > 0 and result["unit"] == "steps/s"
+    assert results["workflow chain"]["extra"]["steps"] == 60
+    fan = results["workflow fan-out/fan-in"]["extra"]
+    assert fan["steps"] == 62 and fan["join_wait_ms"] >= 0  # the join claimed after its last parent's ack
+    # It cleans up after itself, workflows included.
+    assert not WorkflowRun.objects.filter(name__startswith="queuebench.").exists()
+    assert not ArchivedMessage.objects.filter(queue__startswith="queuebench.").exists()

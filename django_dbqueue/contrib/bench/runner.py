@@ -33,9 +33,10 @@ from ...conf import database_for
 from ...db import vendor
 from ...db.stats import refresh_statistics
 from ...management.arguments import cpu_count
-from ...models import ArchivedMessage, FlowGroup, Message
+from ...models import ArchivedMessage, FlowGroup, Message, WorkflowEdge, WorkflowRun, WorkflowStep
 from ...operations import ack_many, build_message, claim, enqueue, enqueue_many
 from ...reaper import Reaper
+from ...workflows import Step, Workflow
 from .apps import CPU_HANDLER_ENVIRONMENT, IO_HANDLER_ENVIRONMENT
 from .cpu import QUEUE as CPU_QUEUE
 from .cpu import rounds_for
@@ -58,9 +59,10 @@ PHASES = (
     "soak",
     "idle",
     "async_io",
+    "workflows",
 )
 # Phases run only when asked for (--phases): they take minutes at their default sizes, or long waits.
-OPT_IN_PHASES = ("soak", "idle", "async_io")
+OPT_IN_PHASES = ("soak", "idle", "async_io", "workflows")
 DEFAULT_PHASES = tuple(phase for phase in PHASES if phase not in OPT_IN_PHASES)
 PREFIX = "queuebench."
 GROUPS_QUEUE = PREFIX + "groups"
@@ -71,6 +73,8 @@ CPU_BASELINE = f"one runqueueworker process with --concurrency {CPU_THREADS}"
 IO_MS = 100.0  # the async_io phase's handlers: milliseconds of simulated I/O per message
 IO_THREADS, IO_PROCESSES, IO_ASYNC = 8, 2, 500  # --concurrency, --processes, --async-concurrency
 IO_BASELINE = f"one runqueueworker process with --concurrency {IO_THREADS} (time.sleep)"
+WORKFLOW_QUEUE = PREFIX + "workflow"
+CHAIN_STEPS = 1000  # the workflows phase's chain (at most --messages)
 
 
 @dataclass
@@ -612,6 +616,98 @@ class QueueBench:
             "baseline": CPU_BASELINE,
         }
         return [Result(f"cpu_bound (--processes {CPU_PROCESSES})", pool, "messages/s", threads, extra)]
+
+    def phase_workflows(self) -> list[Result]:
+        """Workflow steps against plain messages of the same count, drained by the same workers.
+
+        A chain of ``min(CHAIN_STEPS, messages)`` steps (one worker, batch 1:
+        a chain has one step ready at a time) against as many plain messages;
+        a fan-out/fan-in (a root, ``messages`` steps after it, one join after
+        them all; W workers, batch B) against ``messages + 2`` plain ones; and
+        the join's wait, from its last parent's ack to its claim.
+        """
+        workers, batch, count = self.config.workers, self.config.batch_size, self.config.messages
+        chain_steps = min(CHAIN_STEPS, count)
+        chain = Workflow(PREFIX + "chain")
+        chain.chain(*(Step(f"s{n}", WORKFLOW_QUEUE, self.payload) for n in range(chain_steps)))
+        chain_rate, _ = self._workflow_drain(chain, chain_steps, workers=1, batch_size=1)
+        plain_chain, _ = self._workflow_drain(None, chain_steps, workers=1, batch_size=1)
+        fan = Workflow(PREFIX + "fan")
+        fan.add("root", WORKFLOW_QUEUE, self.payload)
+        parents = fan.group(*(Step(f"s{n}", WORKFLOW_QUEUE, self.payload) for n in range(count)), after=["root"])
+        fan.add("join", WORKFLOW_QUEUE, self.payload, after=parents)
+        fan_rate, join_wait = self._workflow_drain(fan, count + 2, workers=workers, batch_size=batch)
+        plain_fan, _ = self._workflow_drain(None, count + 2, workers=workers, batch_size=batch)
+        return [
+            Result(
+                f"workflow chain ({chain_steps:,} steps, 1 worker, batch 1)",
+                chain_rate,
+                "steps/s",
+                plain_chain,
+                {"steps": chain_steps, "baseline": "as many plain messages, the same worker"},
+            ),
+            Result(
+                f"workflow fan-out/fan-in ({count:,} steps, {workers} workers, batch {batch})",
+                fan_rate,
+                "steps/s",
+                plain_fan,
+                {
+                    "steps": count + 2,
+                    "join_wait_ms": join_wait,
+                    "baseline": "as many plain messages, the same workers",
+                },
+            ),
+        ]
+
+    def _workflow_drain(
+        self, workflow: Workflow | None, steps: int, *, workers: int, batch_size: int
+    ) -> tuple[float, float | None]:
+        """Drain ``workflow`` (or ``steps`` plain messages) with orm-worker children: steps/s from the archive's
+        times (first claim to last finish), and the join's wait in ms (its claim after its parents' last finish).
+
+        The children run until every step is archived, then get SIGTERM: a
+        worker idle while a step's ack enqueues the next must not leave early.
+        """
+        self._clean_workflows()
+        self.clean()
+        if workflow is None:
+            self.fill(WORKFLOW_QUEUE, steps)
+        else:
+            workflow.enqueue(using=self.using)
+        children = [
+            spawn("orm-worker", WORKFLOW_QUEUE, self.config, "--forever", batch_size=batch_size) for _ in range(workers)
+        ]
+        archive = ArchivedMessage.objects.using(self.using).filter(queue=WORKFLOW_QUEUE)
+        try:
+            deadline = time.monotonic() + 3600
+            while archive.count() < steps:
+                if time.monotonic() > deadline or any(child.poll() is not None for child in children):
+                    raise RuntimeError(f"workflows: {archive.count()} of {steps} steps drained")
+                time.sleep(0.2)
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
+            for child in children:
+                child.wait(timeout=120)
+        span = archive.aggregate(first=Min("claimed_at"), last=Max("finished_at"))
+        rate = steps / max((span["last"] - span["first"]).total_seconds(), 1e-6)
+        wait = None
+        if workflow is not None and steps > 2:
+            rows = {row.headers["dbqueue_step"][1]: row for row in archive.filter(headers__has_key="dbqueue_step")}
+            join = rows.get("join")
+            if join is not None and join.claimed_at is not None:
+                last_parent = max(row.finished_at for name, row in rows.items() if name not in ("root", "join"))
+                wait = (join.claimed_at - last_parent).total_seconds() * 1000
+        self._clean_workflows()
+        return rate, wait
+
+    def _clean_workflows(self) -> None:
+        runs = WorkflowRun.objects.using(self.using).filter(name__startswith=PREFIX)
+        ids = list(runs.values_list("pk", flat=True))
+        WorkflowEdge.objects.using(self.using).filter(workflow_id__in=ids)._raw_delete(self.using)
+        WorkflowStep.objects.using(self.using).filter(workflow_id__in=ids)._raw_delete(self.using)
+        runs._raw_delete(self.using)
 
     def _cpu_drain(self, messages: int, rounds: int, *options: str) -> float:
         """``runqueueworker queuebench.cpu --until-empty OPTIONS`` drains ``messages``: messages/s."""

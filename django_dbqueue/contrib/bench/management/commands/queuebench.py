@@ -32,7 +32,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--phases",
             default=",".join(DEFAULT_PHASES),
-            help=f"Comma-separated, from: {', '.join(PHASES)} (soak, idle and async_io only when named).",
+            help=f"Comma-separated, from: {', '.join(PHASES)} (soak, idle, async_io and workflows only when named).",
         )
         parser.add_argument("--rate", type=positive_int, default=200, help="Offered load of the latency phase (msg/s).")
         parser.add_argument("--latency-seconds", type=float, default=10.0)
