@@ -444,3 +444,20 @@ def test_queuestats_lists_workflows_in_progress():
     call_command("queuestats", "--json", stdout=out)
     data = __import__("json").loads(out.getvalue())
     assert (data["workflows_running"], [w["name"] for w in data["workflows"]]) == (1, ["invoice-9"])
+
+
+def test_a_workflow_runs_in_the_immediate_mode(dbqueue, handler):
+    seen = []
+
+    @handler("wf-immediate")
+    def step(message):
+        seen.append(message.headers["dbqueue_step"][1])
+        return len(seen)
+
+    with dbqueue.immediate():
+        run = django_dbqueue.workflows.chord(
+            "now", [Step("a", "wf-immediate"), Step("b", "wf-immediate")], Step("c", "wf-immediate")
+        ).enqueue()
+    assert sorted(seen[:2]) == ["a", "b"] and seen[2] == "c"
+    assert Workflow.status(run.pk)["outcome"] == "succeeded"
+    assert [s["result"] for s in Workflow.status(run.pk)["steps"]][2] == 3
