@@ -461,3 +461,9 @@ def test_a_workflow_runs_in_the_immediate_mode(dbqueue, handler):
     assert sorted(seen[:2]) == ["a", "b"] and seen[2] == "c"
     assert Workflow.status(run.pk)["outcome"] == "succeeded"
     assert [s["result"] for s in Workflow.status(run.pk)["steps"]][2] == 3
+
+
+def test_the_enqueued_workflow_carries_its_database_times():
+    run = django_dbqueue.workflows.chain("timed", Step("a", Q)).enqueue()
+    assert abs(run.created_at - timezone.now()) < timedelta(minutes=5)
+    assert run.created_at == WorkflowRun.objects.get(pk=run.pk).created_at

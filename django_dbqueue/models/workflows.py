@@ -274,6 +274,7 @@ def create(
     roots = WorkflowStep.objects.using(using).filter(workflow_id=run.pk, pending=0).order_by("position")
     for step in roots:
         _enqueue_step(using, step)
+    run.refresh_from_db(using=using, fields=["created_at"])  # the database's time, not the expression that set it
     return run
 
 
