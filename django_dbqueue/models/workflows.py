@@ -98,6 +98,10 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         """Running workflows, oldest first (queuestats), by the (state, finished_at) index's first column."""
         return self.filter(state=WorkflowRun.RUNNING).order_by("created_at", "id")
 
+    def names(self, limit: int = 100) -> set[str]:
+        """Up to ``limit`` workflow names (the admin's name filter), read from the (name, created_at) index."""
+        return set(self.order_by("name").values_list("name", flat=True).distinct()[:limit])
+
     def finished_before(self, before: datetime) -> Self:
         return self.filter(state=WorkflowRun.FINISHED, finished_at__lt=before)
 
@@ -176,6 +180,8 @@ class WorkflowRun(models.Model):
             models.Index(fields=["state", "finished_at"], name="dbqueue_wf_state_finished"),
             models.Index(fields=["name", "created_at"], name="dbqueue_wf_name"),
         ]
+        verbose_name = "workflow"
+        permissions = [("cancel_workflowrun", "Can cancel workflows")]
 
     def __str__(self) -> str:
         return storable_text(f"workflow {self.name}#{self.pk} {self.state}")
