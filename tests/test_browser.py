@@ -252,3 +252,39 @@ def test_the_queue_admins_pages_have_the_stock_admins_breadcrumbs(browser, live_
         assert abs(found["height"] - stock["height"]) <= 2, (
             f"{page}: {found['height']}px tall, stock {stock['height']}px"
         )
+
+
+@pytest.mark.slow
+def test_workflow_page_draws_the_graph(browser, live_server):
+    """A workflow's page in a real browser: one drawn box per step; with DBQUEUE_SCREENSHOT_DIR, workflow.png there
+    (docs/images/workflow.png is made so)."""
+    from django_dbqueue import Step, Workflow
+
+    workflow = Workflow("nightly-report")
+    workflow.add("fetch", "reports")
+    workflow.group(Step("orders", "reports"), Step("refunds", "reports"), Step("stock", "reports"), after=["fetch"])
+    workflow.add("render", "reports", after=["orders", "refunds", "stock"])
+    workflow.add("mail", "reports", after=["render"])
+    run = workflow.enqueue()
+    [fetch] = django_dbqueue.claim("reports", 1)
+    fetch.ack()
+    for message in django_dbqueue.claim("reports", 3):
+        if message.headers["dbqueue_step"][1] == "refunds":
+            message.fail("refund API: 503", retry=False)
+        elif message.headers["dbqueue_step"][1] == "orders":
+            message.ack()
+        else:
+            message.release()
+    log_in(browser, live_server, f"/admin/django_dbqueue/workflowrun/{run.pk}/change/")
+    boxes = browser.find_elements("css selector", "svg.dbqueue-graph g.dbqueue-step")
+    assert [box.get_attribute("data-step") for box in boxes] == [
+        "fetch",
+        "orders",
+        "refunds",
+        "stock",
+        "render",
+        "mail",
+    ]
+    assert "dependency 'refunds' ended dead" in text_of(browser, "table.dbqueue-steps")
+    if shots := os.environ.get("DBQUEUE_SCREENSHOT_DIR"):
+        browser.save_screenshot(str(Path(shots) / "workflow.png"))
