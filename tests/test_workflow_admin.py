@@ -191,3 +191,35 @@ def test_replay_dead_steps_resumes_the_workflow(client):
     assert ArchivedMessage.objects.get(outcome=Outcome.DEAD).replayed_at is not None
     again = post_action(client, "workflowrun", "replay_dead_steps", [run.pk])
     assert any("No dead steps" in m for m in user_messages(again))
+
+
+def do(client, run, name):
+    return client.post(reverse("admin:django_dbqueue_workflowrun_do", args=[run.pk, name]), follow=True)
+
+
+def test_the_pages_buttons_need_their_permissions(client):
+    run = diamond()
+    take("a").fail("boom", retry=False)
+    other = diamond("other")
+    html = page(viewer(client), run)
+    assert 'name="cancel"' not in html and 'name="replay-dead-steps"' not in html
+    assert do(client, other, "cancel").status_code == 403
+    assert do(client, run, "replay-dead-steps").status_code == 403
+    assert do(client, run, "nonsense").status_code == 404
+    assert client.get(reverse("admin:django_dbqueue_workflowrun_do", args=[run.pk, "cancel"])).status_code == 405
+    assert (states(run)["a"], states(other)["a"]) == ("dead", "enqueued")
+
+
+def test_the_pages_buttons_cancel_and_replay(client):
+    run = diamond()
+    take("a").fail("boom", retry=False)
+    other = diamond("other")
+    viewer(client, "cancel_workflowrun", "replay_archivedmessage")
+    assert 'name="replay-dead-steps"' in page(client, run)
+    assert 'name="cancel"' in page(client, other)
+    response = do(client, run, "replay-dead-steps")
+    assert response.redirect_chain[-1][0] == reverse("admin:django_dbqueue_workflowrun_change", args=[run.pk])
+    assert states(run)["a"] == "enqueued"
+    do(client, other, "cancel")
+    assert WorkflowRun.objects.get(pk=other.pk).outcome == "cancelled"
+    assert 'name="cancel"' not in page(client, other)  # finished: nothing to cancel

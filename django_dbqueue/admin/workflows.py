@@ -3,7 +3,8 @@
 Cancel runs `Workflow.cancel` (permission ``cancel_workflowrun``); "replay
 dead steps" replays the dead letters of the workflow's dead steps, as the
 dead-letter admin does (permission ``replay_archivedmessage``), and the
-workflow goes on from them (docs/workflows.md).
+workflow goes on from them (docs/workflows.md). Both are list actions and
+buttons of a workflow's page.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.views.decorators.http import require_POST
 
 from .. import control
 from ..exceptions import DbQueueError
@@ -60,6 +63,9 @@ class WorkflowRunAdmin(NoEditForms, RefusedActions[WorkflowRun]):
     show_full_result_count = False
     list_per_page = 50
     actions = ["cancel", "replay_dead_steps"]
+    # The page's buttons: URL name -> the list action it runs on that one workflow.
+    object_actions = {"cancel": "cancel", "replay-dead-steps": "replay_dead_steps"}
+    change_form_template = "admin/django_dbqueue/workflowrun/change_form.html"
     action_limit = 100
     fields = [
         ("id", "name_shown", "state", "outcome"),
@@ -175,3 +181,36 @@ class WorkflowRunAdmin(NoEditForms, RefusedActions[WorkflowRun]):
             self.message_user(request, f"Not replayed: {listed(refused)}.", messages.ERROR)
         if not replayed and not refused:
             self.message_user(request, "No dead steps in the selected workflows.", messages.WARNING)
+
+    # --- the page's buttons: the list's actions on one workflow ----------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(require_POST(self.object_action))
+        return [
+            path("<path:object_id>/do/<str:name>/", view, name="django_dbqueue_workflowrun_do"),
+            *super().get_urls(),
+        ]
+
+    def object_action(self, request: HttpRequest, object_id: str, name: str) -> HttpResponse:
+        """A button's POST: 403 without the view permission or the action's own, 404 for an unknown one."""
+        if name not in self.object_actions:
+            raise Http404(f"no action {name!r}")
+        action = getattr(self, self.object_actions[name])
+        allowed = [getattr(self, f"has_{p}_permission")(request) for p in action.allowed_permissions]
+        if not (self.has_view_permission(request) and all(allowed)):
+            raise PermissionDenied
+        run = self.get_object(request, object_id)
+        if run is None:
+            raise Http404(f"no workflow with id {object_id!r}")
+        action(request, self.get_queryset(request).filter(pk=run.pk))
+        return HttpResponseRedirect(reverse("admin:django_dbqueue_workflowrun_change", args=[run.pk]))
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra = {
+            "can_cancel": self.has_cancel_permission(request),
+            "can_replay": self.has_replay_permission(request),
+            **(extra_context or {}),
+        }
+        return super().change_view(request, object_id, form_url, extra)
