@@ -575,7 +575,8 @@ def test_children_are_recycled_at_their_limits_while_messages_keep_flowing(pools
     done = Counter(pk for event, pk, _ in read_marks(marks) if event == "done")
     assert done == Counter(plain + leaks)  # nothing lost, nothing twice
     workers = Counter(pid for event, pk, pid in read_marks(marks) if event == "done" and pk in leaks)
-    assert second in workers and len(workers) == 2  # the second child, then its replacement
+    # The second child, then its replacement (which leaks too, and may itself be recycled before the SIGTERM).
+    assert second in workers and len(workers) >= 2, workers
     # One process, and never none at work: the replacement was ready before its predecessor stopped.
     assert largest_gap(leaks) < SLOW_START
 
