@@ -66,7 +66,7 @@ SET_ASIDE = validation.SET_ASIDE_PRIORITY
 BRING_BACK_GROUPS = 50
 MAX_BACK_PER_GROUP = 10
 # Once a process has found no set-aside message in a queue, its claims skip the look for this long, unless
-# they set rows aside themselves: the look was a quarter of a claim's time on PostgreSQL (`bring_back`).
+# they set rows aside themselves: the look was a third of a claim's time on PostgreSQL (`bring_back`).
 QUIET_ASIDE_SECONDS = 1.0
 # The live table's indexes the plan's statements name (MySQL/MariaDB hints).
 LEASE_INDEX = "dbqueue_msg_lease"  # (lease_token, available_at): the messages in flight, whatever their queue
