@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -20,52 +19,23 @@ import django_dbqueue
 from django_dbqueue.models import ArchivedMessage, Message, Outcome
 from django_dbqueue.running import HandlerOutcome, decide, is_async
 from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
-from tests.support.processes import ROOT, child_env, read_marks, wait_for
+from tests.support.processes import LoggedCommands, read_marks, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class Workers:
-    """Starts ``runqueueworker`` processes, their output in files; kills what is left at the end."""
+class Workers(LoggedCommands):
+    """`LoggedCommands` whose workers mark each message they start and finish (``read_marks``)."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
+        super().__init__(tmp_path)
         self.marks = tmp_path / "marks"
-        self.started: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *args: object) -> subprocess.Popen[bytes]:
-        log = open(self.tmp_path / f"worker-{len(self.started)}.log", "wb")  # noqa: SIM115  (closed at teardown)
-        process = subprocess.Popen(
-            [sys.executable, "-m", "django", "runqueueworker", *map(str, args)],
-            cwd=ROOT,
-            env=child_env(DBQUEUE_TEST_MARKS=str(self.marks)),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        process.log = log  # type: ignore[attr-defined]
-        self.started.append(process)
-        return process
-
-    def output(self, process: subprocess.Popen[bytes]) -> str:
-        process.log.flush()  # type: ignore[attr-defined]
-        return Path(process.log.name).read_text(errors="replace")  # type: ignore[attr-defined]
-
-    def finish(self, process: subprocess.Popen[bytes], timeout: float = 90) -> tuple[int, str]:
-        try:
-            status = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the worker did not exit in {timeout}s:\n{self.output(process)[-4000:]}") from None
-        return status, self.output(process)
+    def start(self, *args: object, marks: Path | None = None, **env: str) -> subprocess.Popen[bytes]:
+        return super().start(*args, marks=marks or self.marks, **env)
 
     def starts(self) -> Counter[int]:
         return Counter(pk for event, pk, _ in read_marks(self.marks) if event == "start")
-
-    def close(self) -> None:
-        for process in self.started:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
-            process.log.close()  # type: ignore[attr-defined]
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -29,7 +28,7 @@ from django_dbqueue.models import ArchivedMessage, Message, Outcome, Worker
 from django_dbqueue.worker import ExitStatus, WorkerConfig
 from django_dbqueue.worker import supervisor as supervisor_module
 from django_dbqueue.worker.supervisor import PoolConfig, Supervisor, child_environment, exit_text
-from tests.support.processes import ROOT, child_env, read_marks, wait_for
+from tests.support.processes import ROOT, LoggedCommands, read_marks, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,50 +65,17 @@ def pool_children(supervisor_pid: int) -> list[int]:
     return found
 
 
-class Pools:
-    """Starts pools for a test and kills what is left of them at its end."""
+class Pools(LoggedCommands):
+    """`LoggedCommands` for pools: at the end, their children are killed too."""
 
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.started: list[subprocess.Popen[bytes]] = []
-
-    def start(self, *args: object, marks: Path | None = None, **env: str) -> subprocess.Popen[bytes]:
-        if marks is not None:
-            env["DBQUEUE_TEST_MARKS"] = str(marks)
-        log = open(self.tmp_path / f"pool-{len(self.started)}.log", "wb")  # noqa: SIM115  (closed at teardown)
-        process = subprocess.Popen(
-            [sys.executable, "-m", "django", "runqueueworker", *map(str, args)],
-            cwd=ROOT,
-            env=child_env(**env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        process.log = log  # type: ignore[attr-defined]
-        self.started.append(process)
-        return process
-
-    def output(self, process: subprocess.Popen[bytes]) -> str:
-        process.log.flush()  # type: ignore[attr-defined]
-        return Path(process.log.name).read_text(errors="replace")  # type: ignore[attr-defined]
-
-    def finish(self, process: subprocess.Popen[bytes], timeout: float = 90) -> tuple[int, str]:
-        """Wait for the pool to exit; its status and output."""
-        try:
-            status = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the pool did not exit in {timeout}s:\n{self.output(process)[-4000:]}") from None
-        return status, self.output(process)
+    what = "pool"
 
     def close(self) -> None:
-        for process in self.started:
-            children = pool_children(process.pid)
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
-            for pid in children:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            process.log.close()  # type: ignore[attr-defined]
+        children = [pid for process in self.started for pid in pool_children(process.pid)]
+        super().close()
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -94,3 +94,49 @@ def wait_for(condition, timeout: float = 60, interval: float = 0.05, what: str =
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class LoggedCommands:
+    """Starts ``runqueueworker`` commands for one test, each one's output in a file; kills what is left at the end."""
+
+    what = "worker"
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: object, marks: Path | None = None, **env: str) -> subprocess.Popen[bytes]:
+        if marks is not None:
+            env["DBQUEUE_TEST_MARKS"] = str(marks)
+        log = open(self.tmp_path / f"{self.what}-{len(self.started)}.log", "wb")  # noqa: SIM115  (closed in close())
+        process = subprocess.Popen(
+            [sys.executable, "-m", "django", "runqueueworker", *map(str, args)],
+            cwd=ROOT,
+            env=child_env(**env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        process.log = log  # type: ignore[attr-defined]
+        self.started.append(process)
+        return process
+
+    def output(self, process: subprocess.Popen[bytes]) -> str:
+        process.log.flush()  # type: ignore[attr-defined]
+        return Path(process.log.name).read_text(errors="replace")  # type: ignore[attr-defined]
+
+    def finish(self, process: subprocess.Popen[bytes], timeout: float = 90) -> tuple[int, str]:
+        """Wait for the command to exit; its status and output."""
+        try:
+            status = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the {self.what} did not exit in {timeout}s:\n{self.output(process)[-4000:]}"
+            ) from None
+        return status, self.output(process)
+
+    def close(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+            process.log.close()  # type: ignore[attr-defined]
