@@ -10,7 +10,8 @@ or nothing. What happens next (the join, the policies, results) lives in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +21,12 @@ from .control import cancel as cancel_message
 from .db.errors import with_retries
 from .db.transactions import write_transaction
 from .exceptions import InvalidOption
-from .models import WorkflowRun
+from .models import Message, WorkflowRun
 from .models import workflows as steps_table
 from .operations import build_message
+from .schedules.spec import SCHEDULE_HEADER, SLOT_HEADER
 
-__all__ = ["MAX_STEPS", "Dep", "Step", "Workflow", "chain", "chord", "group"]
+__all__ = ["MAX_STEPS", "Dep", "Step", "Workflow", "chain", "chord", "group", "starts_workflow"]
 
 MAX_STEPS = steps_table.MAX_STEPS
 NAME_MAX_LENGTH = 200
@@ -77,12 +79,22 @@ class Workflow:
 
     ``ignore_dead``, ``ignore_cancelled``, ``ignore_expired``: the policy of
     every dependency in the workflow (a step's own, or a `Dep`'s, adds to it).
+    ``key``: the workflow is enqueued once per key, as long as its rows are
+    kept; `enqueue` with a key already held writes nothing and returns the
+    workflow that holds it (``was_created`` False).
     """
 
     def __init__(
-        self, name: str, *, ignore_dead: bool = False, ignore_cancelled: bool = False, ignore_expired: bool = False
+        self,
+        name: str,
+        *,
+        key: str | None = None,
+        ignore_dead: bool = False,
+        ignore_cancelled: bool = False,
+        ignore_expired: bool = False,
     ) -> None:
         self.name = _name(name, "workflow name")
+        self.key = validation.validate_key(key, "workflow key")
         self.policy = _ignored(ignore_dead, ignore_cancelled, ignore_expired)
         self._steps: list[_Declared] = []
 
@@ -235,7 +247,7 @@ class Workflow:
 
         def write() -> WorkflowRun:
             with write_transaction(database):
-                return steps_table.create(database, self.name, sorted(self.policy), steps, edges)
+                return steps_table.create(database, self.name, sorted(self.policy), steps, edges, self.key)
 
         return with_retries(database, write, what=f"enqueue of workflow {self.name!r}")
 
@@ -302,3 +314,36 @@ def chord(name: str, header: Sequence[Step], body: Step) -> Workflow:
     workflow = Workflow(name)
     workflow.chord(header, body)
     return workflow
+
+
+def starts_workflow(build: Callable[[Message], Workflow | None]) -> Callable[[Message], int | None]:
+    """Make ``build(message) -> Workflow`` a handler that enqueues the workflow once per message, or per slot.
+
+    Put it under ``@handler`` (and ``@schedule``): the handler runs at least
+    once, and the workflow is keyed, so a second run of the same message
+    enqueues nothing. A scheduled message's key is its schedule and slot
+    (``schedule:<name>@<slot>``), so one slot starts one workflow, as it
+    sends one message; any other message's is its id. A workflow given its
+    own key keeps it. The handler returns the workflow's id.
+    """
+
+    @functools.wraps(build)
+    def start(message: Message) -> int | None:
+        workflow = build(message)
+        if workflow is None:
+            return None
+        if not isinstance(workflow, Workflow):
+            raise InvalidOption(f"{build.__qualname__} returned {workflow!r}, not a Workflow (or None)")
+        if workflow.key is None:
+            workflow.key = message_key(message)
+        return workflow.enqueue().pk
+
+    return start
+
+
+def message_key(message: Message) -> str:
+    """The key of the workflow a message starts: its schedule's slot, or the message's own id."""
+    headers = message.headers or {}
+    if isinstance(headers.get(SCHEDULE_HEADER), str) and isinstance(headers.get(SLOT_HEADER), str):
+        return f"schedule:{headers[SCHEDULE_HEADER]}@{headers[SLOT_HEADER]}"
+    return f"message:{message.pk}"

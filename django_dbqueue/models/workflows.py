@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any, Self
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models
+from django.db import IntegrityError, models, transaction
 from django.db.models import Count, Exists, F, OuterRef
 
 from .. import signals
@@ -162,6 +162,9 @@ class WorkflowRun(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     name = NameField(max_length=200)
+    key = NameField(
+        max_length=255, null=True, blank=True, unique=True, help_text="Enqueued once per key (Workflow(key=...))."
+    )
     state = models.CharField(max_length=16, default=RUNNING)
     outcome = models.CharField(max_length=16, blank=True, default="", choices=WorkflowOutcome.choices)
     policy = models.JSONField(default=list, blank=True, help_text="Outcomes of a dependency every step tolerates.")
@@ -171,6 +174,8 @@ class WorkflowRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     objects = WorkflowRunQuerySet.as_manager()
+    # False when enqueue() found its key held and returned the workflow holding it.
+    was_created: bool = True
 
     class Meta:
         app_label = "django_dbqueue"
@@ -253,15 +258,27 @@ def create(
     policy: Sequence[str],
     steps: Sequence[dict[str, Any]],
     edges: Sequence[tuple[str, str, int, str]],
+    key: str | None = None,
 ) -> WorkflowRun:
     """Write a validated workflow and enqueue its root steps, in the caller's transaction.
 
     ``steps``: dicts of name, queue, kind, payload, options (checked by the
     insert path's `build_unsaved` already), pending. ``edges``: (parent,
-    child, position, ignore).
+    child, position, ignore). With a ``key`` another workflow holds, nothing
+    is written and that workflow is returned, its ``was_created`` False: the
+    unique index decides between producers racing with one key.
     """
-    run = WorkflowRun(name=name, policy=list(policy), open_steps=len(steps), created_at=DbNow())
-    run.save(using=using, force_insert=True)
+    run = WorkflowRun(name=name, key=key, policy=list(policy), open_steps=len(steps), created_at=DbNow())
+    if key is not None:
+        try:
+            with transaction.atomic(using=using):  # a savepoint: the caller's transaction goes on
+                run.save(using=using, force_insert=True)
+        except IntegrityError:
+            held = WorkflowRun.objects.using(using).get(key=key)
+            held.was_created = False
+            return held
+    else:
+        run.save(using=using, force_insert=True)
     rows = [
         WorkflowStep(
             workflow_id=run.pk,

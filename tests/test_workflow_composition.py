@@ -1,0 +1,109 @@
+"""Workflows with the rest: keyed workflows and steps, schedules, the outbox, flow control, orphaned steps.
+
+Driven in one process with the statements real workers run (claim, ack,
+the reaper); the join under real worker processes is
+tests/test_workflow_processes.py.
+"""
+
+import pytest
+from django.db import transaction
+
+import django_dbqueue
+from django_dbqueue import Step, Workflow
+from django_dbqueue import workflows as builder
+from django_dbqueue.exceptions import InvalidOption
+from django_dbqueue.models import Message, WorkflowRun, WorkflowStep
+from django_dbqueue.schedules.scheduler import Scheduler
+from tests.support.schedules import Clock, at
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Q = "wfc"
+
+
+def steps_of(run: WorkflowRun) -> dict[str, str]:
+    return dict(WorkflowStep.objects.filter(workflow=run).values_list("name", "state"))
+
+
+# --- a key per workflow ------------------------------------------------------------------------
+
+
+def test_a_workflow_key_enqueues_once_and_returns_the_holder():
+    first = Workflow("report", key="report-2026-11-26")
+    first.add("fetch", Q)
+    run = first.enqueue()
+    again = Workflow("report", key="report-2026-11-26")
+    again.add("fetch", Q)
+    again.add("mail", Q, after=["fetch"])
+    held = again.enqueue()
+    assert (held.pk, held.was_created, run.was_created) == (run.pk, False, True)
+    assert (WorkflowRun.objects.count(), WorkflowStep.objects.count(), Message.objects.count()) == (1, 1, 1)
+
+
+def test_a_held_key_inside_a_transaction_leaves_the_callers_writes_alone():
+    first = Workflow("a", key="k")
+    first.add("x", Q)
+    first.enqueue()
+    with transaction.atomic():
+        django_dbqueue.enqueue(Q, {"mine": True})
+        second = Workflow("a", key="k")
+        second.add("x", Q)
+        assert second.enqueue().was_created is False
+    assert Message.objects.filter(payload={"mine": True}).count() == 1
+
+
+def test_a_bad_workflow_key_is_refused():
+    with pytest.raises(InvalidOption, match="workflow key must be a non-empty string"):
+        Workflow("a", key="")
+
+
+# --- a schedule fires a workflow -----------------------------------------------------------------
+
+
+def nightly_workflow(message):
+    workflow = Workflow("nightly")
+    workflow.chain(Step("fetch", Q, {"slot": message.headers["schedule_slot"]}), Step("mail", Q))
+    return workflow
+
+
+def test_a_schedule_starts_one_workflow_per_slot_however_often_its_message_runs(schedules, handler):
+    start = handler("wfc-nightly")(builder.starts_workflow(nightly_workflow))
+    django_dbqueue.schedule(every=60, name="nightly")(start)
+    clock = Clock(at(2026, 5, 1, 10, 0, 30))
+    schedulers = [Scheduler(clock=clock, name=f"s{n}") for n in range(3)]
+    schedulers[0].run_once()
+    clock.advance(31)
+    for scheduler in schedulers:  # three schedulers, one slot: one message
+        scheduler.run_once()
+    [message] = django_dbqueue.claim("wfc-nightly")
+    # The handler runs at least once: a second run of the same message (its lease lost) starts nothing new.
+    assert start(message) == start(message)
+    message.ack()
+    run = WorkflowRun.objects.get()
+    assert (run.name, run.key) == ("nightly", "schedule:nightly@2026-05-01T10:01:00+00:00")
+    [fetch] = Message.objects.filter(queue=Q)
+    assert fetch.payload == {"slot": "2026-05-01T10:01:00+00:00"}
+
+    clock.advance(60)  # the next slot starts the next workflow
+    schedulers[1].run_once()
+    [message] = django_dbqueue.claim("wfc-nightly")
+    start(message)
+    assert sorted(WorkflowRun.objects.values_list("key", flat=True)) == [
+        "schedule:nightly@2026-05-01T10:01:00+00:00",
+        "schedule:nightly@2026-05-01T10:02:00+00:00",
+    ]
+
+
+def test_starts_workflow_keys_a_plain_message_by_its_id_and_refuses_what_is_no_workflow():
+    start = builder.starts_workflow(lambda message: None)
+    message = django_dbqueue.enqueue("wfc-start", {})
+    assert start(message) is None and not WorkflowRun.objects.exists()  # None: nothing to start
+
+    def build(message):
+        workflow = Workflow("w")
+        workflow.add("a", Q)
+        return workflow
+
+    assert builder.starts_workflow(build)(message) == WorkflowRun.objects.get(key=f"message:{message.pk}").pk
+    with pytest.raises(InvalidOption, match="returned 'nope', not a Workflow"):
+        builder.starts_workflow(lambda message: "nope")(message)
