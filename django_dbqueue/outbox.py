@@ -9,6 +9,11 @@ message is written when the save's transaction commits: a rolled-back save
 still leaves no message, but a crash between that commit and the insert
 loses the message (see docs/transactional-enqueue.md).
 
+``enqueue_workflow_on_save(Order, build)`` does the same for a whole
+workflow that ``build(instance)`` returns (docs/workflows.md), under the
+same rule: in the save's transaction when the workflow's queues live on
+the instance's database, else once it commits.
+
 ``bulk_create()`` and ``QuerySet.update()`` send no ``post_save``;
 `enqueue_saved` applies the rules to such rows explicitly.
 """
@@ -18,7 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from django.apps import apps
 from django.db import models, transaction
@@ -38,6 +43,15 @@ EVENTS = {"save": post_save, "delete": post_delete}
 
 Value = Any  # a value, or a callable that takes the instance and returns one
 
+
+class Enqueueable(Protocol):
+    """What a workflow rule's callable returns: a `django_dbqueue.Workflow` (the runtime layer above this one)."""
+
+    def database(self, using: str | None = None) -> str: ...
+
+    def enqueue(self, *, using: str | None = None) -> Any: ...
+
+
 # (model, event, "queue:name" or "topic:name", name) -> rule
 _rules: dict[tuple[type[models.Model], str, str, str], OutboxRule] = {}
 
@@ -56,9 +70,12 @@ class OutboxRule:
     when: Callable[..., bool] | Shortcut | None = None
     options: dict[str, Value] = field(default_factory=dict)
     name: str = ""
+    workflow: Callable[[Any], Enqueueable | None] | None = None  # a workflow rule: builds one per instance
 
     @property
     def target(self) -> str:
+        if self.workflow is not None:
+            return "workflow"
         return f"queue:{self.queue}" if self.queue is not None else f"topic:{self.topic}"
 
     @property
@@ -92,8 +109,26 @@ class OutboxRule:
         if kwargs.get("raw"):  # loaddata: fixtures are not business events
             return
         if self.applies(instance, kwargs.get("created", False)):
+            if self.workflow is not None:
+                self.start_workflow(instance, using)
+                return
             pending, target = self.build(instance)
             _write(pending, target, using)
+
+    def start_workflow(self, instance: models.Model, source: str) -> None:
+        """Enqueue the workflow this rule builds for ``instance``: in its save's transaction, as messages are."""
+        assert self.workflow is not None  # a workflow rule
+        built = self.workflow(instance)
+        if built is None:
+            return
+        if not (callable(getattr(built, "enqueue", None)) and callable(getattr(built, "database", None))):
+            raise InvalidOption(
+                f"the workflow rule {self.name!r} on {self.model._meta.label} returned {built!r}, not a Workflow"
+            )
+        if built.database() == source:
+            built.enqueue()  # inside the save's transaction, when it has one
+        else:
+            transaction.on_commit(built.enqueue, using=source)
 
     def disconnect(self) -> None:
         EVENTS[self.event].disconnect(sender=self.model, dispatch_uid=self.dispatch_uid)
@@ -154,9 +189,13 @@ def _register(
     when: Callable[..., bool] | Shortcut | None = None,
     name: str = "",
     options: dict[str, Value],
+    workflow: Callable[[Any], Enqueueable | None] | None = None,
 ) -> OutboxRule:
     model = _model(model)
-    if queue is not None:
+    if workflow is not None:
+        if not callable(workflow):
+            raise InvalidOption(f"workflow must be a callable that takes the instance, not {workflow!r}")
+    elif queue is not None:
         validation.validate_queue_name(queue)
     else:
         validation.validate_topic_name(topic)
@@ -166,13 +205,14 @@ def _register(
             f"unknown option(s) {', '.join(sorted(map(repr, unknown)))}; "
             f"known: payload, kind, key, when, name, {', '.join(sorted(RULE_OPTIONS))}"
         )
-    _check_values(queue if queue is not None else topic, payload, kind, key, options)
+    if workflow is None:
+        _check_values(queue if queue is not None else topic, payload, kind, key, options)
     if not (when is None or callable(when) or (event == "save" and when in WHEN_SHORTCUTS)):
         shortcuts = f', "{WHEN_SHORTCUTS[0]}", "{WHEN_SHORTCUTS[1]}"' if event == "save" else ""
         raise InvalidOption(f"when must be None, a callable{shortcuts}; not {when!r}")
     if not isinstance(name, str):
         raise InvalidOption(f"name must be a string, not {type(name).__name__}")
-    rule = OutboxRule(model, event, queue, topic, payload, kind, key, when, dict(options), name)
+    rule = OutboxRule(model, event, queue, topic, payload, kind, key, when, dict(options), name, workflow)
     previous = _rules.get((model, event, rule.target, name))
     if previous is not None:  # registering again (a module imported twice, a test) replaces the rule
         previous.disconnect()
@@ -261,6 +301,34 @@ def publish_on_delete(
     )
 
 
+def enqueue_workflow_on_save(
+    model: type[models.Model] | str,
+    workflow: Callable[[Any], Enqueueable | None],
+    *,
+    when: Callable[[Any, bool], bool] | Shortcut | None = None,
+    name: str = "",
+) -> OutboxRule:
+    """Enqueue the workflow ``workflow(instance)`` returns (None: none) each time an instance is saved.
+
+    In the save's transaction: a rolled-back save writes no workflow.
+    ``when`` and ``name`` as for `enqueue_on_save`. Give the workflow a key
+    (``Workflow(name, key=...)``) to enqueue it once per instance however
+    often it is saved.
+    """
+    return _register(model, "save", payload=None, when=when, name=name, options={}, workflow=workflow)
+
+
+def enqueue_workflow_on_delete(
+    model: type[models.Model] | str,
+    workflow: Callable[[Any], Enqueueable | None],
+    *,
+    when: Callable[[Any], bool] | None = None,
+    name: str = "",
+) -> OutboxRule:
+    """Like `enqueue_workflow_on_save`, on deletes (``when(instance)`` takes the instance only)."""
+    return _register(model, "delete", payload=None, when=when, name=name, options={}, workflow=workflow)
+
+
 def rules_for(model: type[models.Model], event: str = "save") -> list[OutboxRule]:
     """The rules registered for ``model``'s saves (or deletes), in registration order."""
     return [rule for (m, e, _, _), rule in _rules.items() if m is model and e == event]
@@ -278,7 +346,9 @@ def enqueue_saved(instances: Iterable[models.Model], *, created: bool = False) -
     for instance in instances:
         source = instance._state.db or "default"
         for rule in rules_for(type(instance), "save"):
-            if rule.applies(instance, created):
+            if rule.applies(instance, created) and rule.workflow is not None:
+                rule.start_workflow(instance, source)
+            elif rule.applies(instance, created):
                 built, target = rule.build(instance)
                 if target is not None:
                     pending[(target, source)].extend(built)

@@ -238,6 +238,10 @@ class Workflow:
                 edges.append((dep.name, step.name, position, ignore))
         return database, steps, edges
 
+    def database(self, using: str | None = None) -> str:
+        """The database its steps live on (``using`` overrides): where `enqueue` writes it."""
+        return database_for([str(s.queue) for s in self._flat()], using)
+
     def enqueue(self, *, using: str | None = None) -> WorkflowRun:
         """Check everything, then write the workflow and enqueue its root steps in one transaction, or nothing.
 

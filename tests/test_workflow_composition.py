@@ -9,12 +9,13 @@ import pytest
 from django.db import transaction
 
 import django_dbqueue
-from django_dbqueue import Step, Workflow
+from django_dbqueue import Step, Workflow, outbox
 from django_dbqueue import workflows as builder
 from django_dbqueue.exceptions import InvalidOption
 from django_dbqueue.models import Message, WorkflowRun, WorkflowStep
 from django_dbqueue.schedules.scheduler import Scheduler
 from tests.support.schedules import Clock, at
+from tests.testapp.models import Order
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -107,3 +108,68 @@ def test_starts_workflow_keys_a_plain_message_by_its_id_and_refuses_what_is_no_w
     assert builder.starts_workflow(build)(message) == WorkflowRun.objects.get(key=f"message:{message.pk}").pk
     with pytest.raises(InvalidOption, match="returned 'nope', not a Workflow"):
         builder.starts_workflow(lambda message: "nope")(message)
+
+
+# --- the outbox: a workflow enqueued on a model save ----------------------------------------------
+
+
+class Rollback(Exception):
+    pass
+
+
+@pytest.fixture
+def order_workflow():
+    """A workflow rule on Order's saves (keyed by the order), disconnected after the test."""
+
+    def fulfil(order):
+        if order.total <= 0:
+            return None
+        workflow = Workflow("fulfil", key=f"order-{order.pk}")
+        workflow.chain(Step("reserve", Q, {"order": order.number}), Step("ship", Q))
+        return workflow
+
+    rule = outbox.enqueue_workflow_on_save(Order, fulfil, when="created")
+    yield rule
+    rule.disconnect()
+
+
+def test_a_rolled_back_save_writes_no_workflow_and_a_committed_one_writes_it_once(order_workflow):
+    with pytest.raises(Rollback), transaction.atomic():
+        Order.objects.create(number="W-1", total=5)
+        assert WorkflowRun.objects.count() == 1  # written inside the save's transaction
+        raise Rollback
+    assert (WorkflowRun.objects.count(), WorkflowStep.objects.count(), Message.objects.count()) == (0, 0, 0)
+
+    with transaction.atomic():
+        order = Order.objects.create(number="W-2", total=5)
+    run = WorkflowRun.objects.get()
+    assert (run.name, run.key, steps_of(run)) == (
+        "fulfil",
+        f"order-{order.pk}",
+        {"reserve": "enqueued", "ship": "waiting"},
+    )
+    assert Message.objects.get().payload == {"order": "W-2"}
+    order.save()  # an update: the rule is for creations
+    Order.objects.create(number="W-3", total=0)  # the callable returns None: no workflow
+    assert WorkflowRun.objects.count() == 1
+
+
+def test_enqueue_saved_applies_a_workflow_rule_to_bulk_created_rows(order_workflow):
+    with transaction.atomic():
+        orders = Order.objects.bulk_create([Order(number=f"B-{n}", total=1) for n in range(3)])
+        outbox.enqueue_saved(orders, created=True)
+    assert WorkflowRun.objects.count() == 3
+    with transaction.atomic():
+        outbox.enqueue_saved(orders, created=True)  # the same orders again: their keys hold
+    assert WorkflowRun.objects.count() == 3
+
+
+def test_a_workflow_rule_that_returns_no_workflow_is_refused_by_name():
+    rule = outbox.enqueue_workflow_on_save(Order, lambda order: "nope", name="bad")
+    try:
+        with pytest.raises(InvalidOption, match=r"workflow rule 'bad' on testapp\.Order returned 'nope'"):
+            Order.objects.create(number="X-1", total=1)
+    finally:
+        rule.disconnect()
+    with pytest.raises(InvalidOption, match="workflow must be a callable"):
+        outbox.enqueue_workflow_on_save(Order, "fulfil")
