@@ -60,3 +60,36 @@ def test_a_locked_sqlite_database_is_retried_and_a_bad_statement_is_not(tmp_path
     other.close()
     assert errors.is_transient(as_django_error(locked.value), "default")
     assert not errors.is_transient(as_django_error(bad.value), "default")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_galera_node_without_quorum_is_retried_on_a_new_connection():
+    """Error 1047 ("WSREP has not yet prepared node for application use") is weather, and its connection is dropped.
+
+    A Galera node cut off from the cluster keeps its connections open and refuses
+    every statement on them until it rejoins; only a new connection, which a load
+    balancer sends to a node that has quorum, can go on. The error is the driver's
+    own, injected here; tests/test_galera.py meets the real one on a partitioned node.
+    """
+    if connection.vendor != "mysql":
+        pytest.skip("error 1047 is MariaDB Galera's")
+    import MySQLdb
+
+    refused = as_django_error(MySQLdb.OperationalError(1047, "WSREP has not yet prepared node for application use"))
+    assert errors.is_transient(refused, "default")
+    assert not errors.outcome_unknown(refused, "default")  # refused before it did anything
+    connection.ensure_connection()
+    first = connection.connection
+    calls = []
+
+    def operation():
+        calls.append(connection.connection)
+        if len(calls) == 1:
+            raise refused
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            return cursor.fetchone()[0]
+
+    assert errors.with_retries("default", operation, what="a claim") == 1
+    assert len(calls) == 2
+    assert connection.connection is not first  # the node's connection was closed, a new one made

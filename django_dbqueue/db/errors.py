@@ -1,9 +1,13 @@
 """Bounded retries for the database's weather: deadlocks and dropped connections.
 
 MySQL may pick any transaction as a deadlock victim, and a database restart
-drops every connection. Neither is a bug in the caller, so queue statements
-run through `with_retries`, which retries them a bounded number of
-times with jittered backoff. Inside a caller's own transaction nothing is
+drops every connection. On a MariaDB Galera cluster a transaction that lost
+certification to another node's at COMMIT fails as a deadlock (1213), and a
+node cut off from the cluster's quorum refuses every statement (1047) until
+it rejoins: a new connection, through a load balancer, reaches another node.
+None of these is a bug in the caller, so queue statements run through
+`with_retries`, which retries them a bounded number of times with jittered
+backoff. Inside a caller's own transaction nothing is
 retried: the caller's work is gone with the error and only the caller can
 redo it.
 """
@@ -31,7 +35,10 @@ MYSQL_TRANSIENT_CODES = {
     2003,  # can't connect (server restarting)
     1927,  # MariaDB: connection was killed
     4031,  # MariaDB: client disconnected by the server (inactivity)
+    1047,  # Galera: "WSREP has not yet prepared node for application use" (the node has no quorum)
 }
+# Errors after which the connection is of no more use, although it is open: the node it reaches left the cluster.
+MYSQL_RECONNECT_CODES = {1047}
 POSTGRES_TRANSIENT_SQLSTATES = {"40001", "40P01", "57P01", "57P02", "57P03", "08000", "08003", "08006", "08001"}
 
 # What a database that went away raises, for the loops that must outlive it
@@ -74,7 +81,7 @@ def is_transient(exc: BaseException, using: str) -> bool:
 
 # Errors the server answered with: the statement failed and its transaction was rolled back.
 # Any other transient error may have lost the connection after the server did the work.
-MYSQL_ANSWERED_CODES = {1053, 1205, 1213, 2002, 2003}
+MYSQL_ANSWERED_CODES = {1047, 1053, 1205, 1213, 2002, 2003}
 POSTGRES_ANSWERED_SQLSTATES = {"40001", "40P01", "57P03", "08001"}
 
 
@@ -98,11 +105,13 @@ def outcome_unknown(exc: BaseException, using: str) -> bool:
     return False
 
 
-def lost_connection(using: str) -> bool:
-    """Whether the connection is unusable and must be reopened before a retry."""
+def lost_connection(using: str, exc: BaseException | None = None) -> bool:
+    """Whether the connection is unusable and must be reopened before a retry (``exc`` said so, or a ping)."""
     connection = connections[using]
     if connection.connection is None:
         return False
+    if exc is not None and connection.vendor == "mysql" and mysql_code(exc.__cause__ or exc) in MYSQL_RECONNECT_CODES:
+        return True
     try:
         return not connection.is_usable()
     except Exception:
@@ -129,6 +138,6 @@ def with_retries(using: str, operation: Callable[[], T], *, what: str = "queue o
                 raise
             attempt += 1
             logger.warning("%s on %r hit %s; retry %d of %d", what, using, exc, attempt, retries)
-            if lost_connection(using):
+            if lost_connection(using, exc):
                 connection.close()
             time.sleep(backoff(attempt))
