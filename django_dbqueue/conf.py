@@ -93,6 +93,15 @@ def _choice(*choices: str) -> Callable[[Any], str | None]:
     return check
 
 
+def _optional_choice(*choices: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if value is None or value in choices:
+            return None
+        return f"must be one of {', '.join(map(repr, choices))} or None, not {value!r}"
+
+    return check
+
+
 def _optional_integer(minimum: int, maximum: int) -> Callable[[Any], str | None]:
     check = _integer(minimum, maximum)
     return lambda value: None if value is None else check(value)
@@ -237,6 +246,9 @@ GLOBAL_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     # UDP socket here and an enqueue nudges the idle workers of its queue
     # (docs/workers.md, "Waking idle workers"); None: workers only poll.
     "NUDGE_HOST": ("127.0.0.1", _nudge_host),
+    # The archive partitioned by finish time, a partition a day or an ISO week in
+    # TIME_ZONE (docs/archive.md); None: one plain table. MariaDB/MySQL and PostgreSQL.
+    "ARCHIVE_PARTITIONS": (None, _optional_choice("daily", "weekly")),
 }
 
 
@@ -298,6 +310,7 @@ class DbQueueSettings:
     metrics: bool
     tracing: bool
     nudge_host: str | None
+    archive_partitions: str | None
     defaults: QueueOptions
     queues: dict[str, QueueOptions] = field(default_factory=dict)
     # DBQUEUE["SCHEDULES"], checked: name -> ScheduleSpec (django_dbqueue.schedules.spec).
@@ -395,9 +408,14 @@ def _flow_problems(where: str, values: dict[str, Any]) -> list[str]:
 # checks themselves live in django_dbqueue.schedules.spec, shared with the decorator.
 
 
+def django_time_zone() -> str:
+    """Django's TIME_ZONE ("UTC" when unset): where the archive's partitions start their days."""
+    return getattr(settings, "TIME_ZONE", None) or "UTC"
+
+
 def schedule_timezone() -> str:
     """The time zone a cron schedule reads its expression in when it names none: Django's TIME_ZONE."""
-    return getattr(settings, "TIME_ZONE", None) or "UTC"
+    return django_time_zone()
 
 
 def schedule_specs(raw: Any) -> tuple[dict[str, Any], list[str]]:

@@ -1,0 +1,371 @@
+"""Range partitions of a table by a time column: the MariaDB/MySQL and PostgreSQL DDL.
+
+The archive may be partitioned by its finish time (docs/archive.md) so that
+retention drops whole partitions instead of deleting rows. Both servers
+need the partition column in every unique key, so a partitioned table's
+primary key is ``(id, column)``. Each layout keeps a catch-all for rows
+past its last range (MariaDB/MySQL: a ``MAXVALUE`` partition; PostgreSQL:
+the ``DEFAULT`` partition), so no write ever meets a missing partition,
+and the lowest range takes everything older than its upper bound.
+
+A table is converted by building the other layout beside it, swapping
+the two names in one step and copying the old rows behind
+(`create_like`, `swap`, `copy_ids`); the callers (``models.partitions``)
+decide which table and when. SQLite has no partitions: every function
+here refuses it with `PartitioningUnsupported`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.db import connections, transaction
+
+from ..exceptions import DbQueueError
+
+# On MariaDB/MySQL the new table's id counter starts this far past the old
+# one's highest id, for the rows written to the old table between reading
+# that id and the rename (a rename cannot hold a lock across both steps).
+ID_GAP = 1_000_000
+
+
+class PartitioningUnsupported(DbQueueError):
+    """The database has no table partitions (SQLite)."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """One partition to create: ``label`` names it (``20261126``), rows up to ``upper`` (exclusive, UTC) go in."""
+
+    label: str
+    upper: datetime
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One partition as the database has it; ``upper`` is None for the catch-all, ``rows`` the planner's estimate."""
+
+    name: str
+    upper: datetime | None
+    rows: int
+
+
+def _vendor(using: str) -> str:
+    vendor = connections[using].vendor
+    if vendor not in ("mysql", "postgresql"):
+        raise PartitioningUnsupported(
+            f"database {using!r} is {connections[using].display_name}, which has no table partitions; "
+            "ARCHIVE_PARTITIONS works on MariaDB/MySQL and PostgreSQL (docs/archive.md)"
+        )
+    return vendor
+
+
+def supported(using: str) -> bool:
+    return connections[using].vendor in ("mysql", "postgresql")
+
+
+def _qn(using: str, name: str) -> str:
+    return connections[using].ops.quote_name(name)
+
+
+def _literal(moment: datetime) -> str:
+    """A UTC timestamp as a SQL literal both servers read (the connections run in UTC)."""
+    return "'" + moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") + "'"
+
+
+def partition_name(table: str, label: str) -> str:
+    """The partition's name: ``p20261126`` on MariaDB/MySQL (names are per table), a table of its own on PostgreSQL."""
+    return f"{table}_p{label}"
+
+
+def exists(using: str, table: str) -> bool:
+    return table in connections[using].introspection.table_names()
+
+
+def is_partitioned(using: str, table: str) -> bool:
+    if not supported(using):
+        return False
+    with connections[using].cursor() as cursor:
+        if _vendor(using) == "mysql":
+            cursor.execute(
+                "SELECT COUNT(*) FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = DATABASE() "
+                "AND TABLE_NAME = %s AND PARTITION_NAME IS NOT NULL",
+                [table],
+            )
+            return bool(cursor.fetchone()[0])
+        cursor.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [table])
+        row = cursor.fetchone()
+        return row is not None and row[0] == "p"
+
+
+_PG_BOUND = re.compile(r"TO \('([^']+)'\)")
+
+
+def _moment(text: str) -> datetime:
+    moment = datetime.fromisoformat(text)
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def partitions(using: str, table: str) -> list[Partition]:
+    """The table's partitions, lowest first, the catch-all last (empty for a plain table)."""
+    vendor = _vendor(using)
+    with connections[using].cursor() as cursor:
+        if vendor == "mysql":
+            cursor.execute(
+                "SELECT PARTITION_NAME, PARTITION_DESCRIPTION, TABLE_ROWS FROM information_schema.PARTITIONS "
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND PARTITION_NAME IS NOT NULL "
+                "ORDER BY PARTITION_ORDINAL_POSITION",
+                [table],
+            )
+            found = [
+                Partition(name, None if bound == "MAXVALUE" else _moment(bound.strip("'")), int(rows or 0))
+                for name, bound, rows in cursor.fetchall()
+            ]
+        else:
+            cursor.execute(
+                "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), c.reltuples FROM pg_inherits i "
+                "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s)",
+                [table],
+            )
+            found = []
+            for name, bound, rows in cursor.fetchall():
+                upper = _PG_BOUND.search(bound)
+                found.append(Partition(name, _moment(upper.group(1)) if upper else None, max(0, int(rows))))
+    far = datetime.max.replace(tzinfo=UTC)
+    return sorted(found, key=lambda partition: partition.upper or far)
+
+
+def has_rows(using: str, table: str, partition: str, below: datetime | None = None, column: str = "") -> bool:
+    """Whether ``partition`` of ``table`` holds a row (one whose ``column`` is below ``below``, when given)."""
+    vendor = _vendor(using)
+    source = f"{_qn(using, table)} PARTITION ({_qn(using, partition)})" if vendor == "mysql" else _qn(using, partition)
+    where = f" WHERE {_qn(using, column)} < {_literal(below)}" if below is not None else ""
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM {source}{where} LIMIT 1")
+        return cursor.fetchone() is not None
+
+
+def _mysql_ranges(using: str, ranges: Sequence[Range]) -> str:
+    parts = [f"PARTITION {_qn(using, 'p' + r.label)} VALUES LESS THAN ({_literal(r.upper)})" for r in ranges] + [
+        "PARTITION pmax VALUES LESS THAN (MAXVALUE)"
+    ]
+    return ", ".join(parts)
+
+
+def _pg_partition(using: str, table: str, prefix: str, lower: datetime | None, r: Range) -> str:
+    start = "MINVALUE" if lower is None else _literal(lower)
+    return (
+        f"CREATE TABLE {_qn(using, partition_name(prefix, r.label))} PARTITION OF {_qn(using, table)} "
+        f"FOR VALUES FROM ({start}) TO ({_literal(r.upper)})"
+    )
+
+
+def _pg_indexes(using: str, table: str) -> list[tuple[str, str]]:
+    """(name, definition) of the table's indexes other than its primary key."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE i.indrelid = to_regclass(%s) AND NOT i.indisprimary ORDER BY c.relname",
+            [table],
+        )
+        return list(cursor.fetchall())
+
+
+def temporary_index_name(name: str, mark: str) -> str:
+    """An index's name while two tables hold the same indexes (PostgreSQL's index names are per schema)."""
+    return f"{name[: 63 - len(mark) - 1]}_{mark}"
+
+
+def create_like(
+    using: str, source: str, target: str, *, column: str, ranges: Sequence[Range] | None, prefix: str
+) -> None:
+    """Create ``target`` empty with ``source``'s columns and indexes, partitioned by ``ranges`` or plain when None.
+
+    Partitioned: primary key ``(id, column)``, the ranges (the lowest takes
+    everything older) and a catch-all; PostgreSQL's partitions are named
+    after ``prefix``. Plain: primary key ``id``. On PostgreSQL the indexes
+    get temporary names (`temporary_index_name` with ``new``) until `swap`.
+    """
+    vendor = _vendor(using)
+    qs, qt, qc = _qn(using, source), _qn(using, target), _qn(using, column)
+    with transaction.atomic(using), connections[using].cursor() as cursor:
+        if vendor == "mysql":
+            cursor.execute(f"CREATE TABLE {qt} LIKE {qs}")
+            if ranges is None:
+                if is_partitioned(using, source):
+                    cursor.execute(f"ALTER TABLE {qt} REMOVE PARTITIONING")
+                cursor.execute(f"ALTER TABLE {qt} DROP PRIMARY KEY, ADD PRIMARY KEY (id)")
+            else:
+                if not is_partitioned(using, source):
+                    cursor.execute(f"ALTER TABLE {qt} DROP PRIMARY KEY, ADD PRIMARY KEY (id, {qc})")
+                cursor.execute(f"ALTER TABLE {qt} PARTITION BY RANGE COLUMNS({qc}) ({_mysql_ranges(using, ranges)})")
+            return
+        indexes = _pg_indexes(using, source)
+        if ranges is None:
+            cursor.execute(f"CREATE TABLE {qt} (LIKE {qs} INCLUDING DEFAULTS INCLUDING STORAGE INCLUDING COMMENTS)")
+            cursor.execute(f"ALTER TABLE {qt} ALTER id DROP DEFAULT")
+            cursor.execute(f"ALTER TABLE {qt} ALTER id ADD GENERATED BY DEFAULT AS IDENTITY")
+            cursor.execute(f"ALTER TABLE {qt} ADD PRIMARY KEY (id)")
+        else:
+            cursor.execute(
+                f"CREATE TABLE {qt} (LIKE {qs} INCLUDING DEFAULTS INCLUDING STORAGE INCLUDING COMMENTS) "
+                f"PARTITION BY RANGE ({qc})"
+            )
+            sequence = _qn(using, f"{target}_id_seq")
+            cursor.execute(f"ALTER TABLE {qt} ALTER id DROP DEFAULT")  # the source's, when it was partitioned
+            cursor.execute(f"CREATE SEQUENCE {sequence} OWNED BY {qt}.id")
+            cursor.execute(f"ALTER TABLE {qt} ALTER id SET DEFAULT nextval('{sequence}')")
+            cursor.execute(f"ALTER TABLE {qt} ADD PRIMARY KEY (id, {qc})")
+            lower = None
+            for r in ranges:
+                cursor.execute(_pg_partition(using, target, prefix, lower, r))
+                lower = r.upper
+            cursor.execute(f"CREATE TABLE {_qn(using, prefix + '_default')} PARTITION OF {qt} DEFAULT")
+        for name, definition in indexes:
+            # "CREATE INDEX name ON [ONLY] public.source USING ...": same index, other name and table.
+            columns = definition.split(" USING ", 1)[1]
+            cursor.execute(f"CREATE INDEX {_qn(using, temporary_index_name(name, 'new'))} ON {qt} USING {columns}")
+
+
+def _id_sequence(cursor: object, using: str, table: str) -> str:
+    cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [table])  # type: ignore[attr-defined]
+    return str(cursor.fetchone()[0])  # type: ignore[attr-defined]
+
+
+def swap(using: str, table: str, new: str, old: str) -> None:
+    """Rename ``table`` to ``old`` and ``new`` to ``table`` in one step; new ids continue past the old ones.
+
+    From then on every write goes to the new table. PostgreSQL: one
+    transaction under an exclusive lock, so the id sequence continues
+    exactly, and the index names move with the tables. MariaDB/MySQL: one
+    ``RENAME TABLE``; the new counter starts `ID_GAP` past the highest id.
+    """
+    vendor = _vendor(using)
+    qt, qn_new, qold = _qn(using, table), _qn(using, new), _qn(using, old)
+    with transaction.atomic(using), connections[using].cursor() as cursor:
+        if vendor == "mysql":
+            cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM {qt}")
+            cursor.execute(f"ALTER TABLE {qn_new} AUTO_INCREMENT = {int(cursor.fetchone()[0]) + ID_GAP}")
+            cursor.execute(f"RENAME TABLE {qt} TO {qold}, {qn_new} TO {qt}")
+            return
+        cursor.execute(f"LOCK TABLE {qt} IN ACCESS EXCLUSIVE MODE")
+        current = _id_sequence(cursor, using, table)
+        cursor.execute("SELECT nextval(%s)", [current])
+        following = cursor.fetchone()[0]
+        cursor.execute("SELECT setval(%s, %s)", [_id_sequence(cursor, using, new), following])
+        for name, _ in _pg_indexes(using, table):
+            cursor.execute(f"ALTER INDEX {_qn(using, name)} RENAME TO {_qn(using, temporary_index_name(name, 'old'))}")
+        for name, _ in _pg_indexes(using, new):
+            final = name.removesuffix("_new")
+            cursor.execute(f"ALTER INDEX {_qn(using, name)} RENAME TO {_qn(using, final)}")
+        primary = f"{table}_pkey"
+        cursor.execute(f"ALTER TABLE {qt} RENAME CONSTRAINT {_qn(using, primary)} TO {_qn(using, old + '_pkey')}")
+        cursor.execute(f"ALTER TABLE {qt} RENAME TO {qold}")
+        cursor.execute(f"ALTER TABLE {qn_new} RENAME CONSTRAINT {_qn(using, new + '_pkey')} TO {_qn(using, primary)}")
+        cursor.execute(f"ALTER TABLE {qn_new} RENAME TO {qt}")
+
+
+def columns(using: str, table: str) -> list[str]:
+    with connections[using].cursor() as cursor:
+        return [c.name for c in connections[using].introspection.get_table_description(cursor, table)]
+
+
+def copy_ids(using: str, source: str, target: str, names: Iterable[str], after: int, up_to: int) -> int:
+    """Copy the rows of ``source`` with ``after < id <= up_to`` into ``target`` (ids kept); one statement, atomic."""
+    listed = ", ".join(_qn(using, name) for name in names)
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {_qn(using, target)} ({listed}) SELECT {listed} FROM {_qn(using, source)} "
+            "WHERE id > %s AND id <= %s",
+            [after, up_to],
+        )
+        return int(cursor.rowcount)
+
+
+def id_bounds(using: str, table: str, below: int | None = None) -> tuple[int, int]:
+    """(smallest, highest) id of ``table`` (of its ids up to ``below``, when given); (0, 0) when there is none."""
+    where = "" if below is None else f" WHERE id <= {int(below)}"
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT COALESCE(MIN(id), 0), COALESCE(MAX(id), 0) FROM {_qn(using, table)}{where}")
+        low, high = cursor.fetchone()
+        return int(low), int(high)
+
+
+def oldest(using: str, table: str, column: str) -> datetime | None:
+    """The smallest ``column`` of ``table`` (UTC), None when it is empty."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT MIN({_qn(using, column)}) FROM {_qn(using, table)}")
+        value = cursor.fetchone()[0]
+    if value is None:
+        return None
+    return _moment(value.isoformat()) if isinstance(value, datetime) else _moment(str(value))
+
+
+def drop_table(using: str, table: str) -> None:
+    _vendor(using)
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"DROP TABLE {_qn(using, table)}")
+
+
+def drop_old(using: str, table: str, old: str) -> None:
+    """Drop ``old`` once its rows are copied; on PostgreSQL ``table``'s id sequence takes back its usual name."""
+    with transaction.atomic(using), connections[using].cursor() as cursor:
+        drop_table(using, old)
+        if _vendor(using) == "postgresql":
+            usual = f"{table}_id_seq"
+            sequence = _id_sequence(cursor, using, table)
+            if sequence.rsplit(".", 1)[-1].strip('"') != usual:
+                cursor.execute(f"ALTER SEQUENCE {sequence} RENAME TO {_qn(using, usual)}")
+
+
+def add_ranges(using: str, table: str, column: str, ranges: Sequence[Range], *, prefix: str) -> None:
+    """Add ``ranges`` (each above the table's last range) before the catch-all.
+
+    Rows the catch-all holds below a new range's upper bound move into it:
+    MariaDB/MySQL's ``REORGANIZE PARTITION`` rewrites the catch-all (cheap
+    when it is empty, which creation ahead keeps it); PostgreSQL detaches
+    its default partition, moves those rows and attaches it again, in one
+    transaction (writes wait for it).
+    """
+    if not ranges:
+        return
+    vendor = _vendor(using)
+    qt = _qn(using, table)
+    with transaction.atomic(using), connections[using].cursor() as cursor:
+        if vendor == "mysql":
+            cursor.execute(f"ALTER TABLE {qt} REORGANIZE PARTITION pmax INTO ({_mysql_ranges(using, ranges)})")
+            return
+        existing = [p for p in partitions(using, table) if p.upper is not None]
+        lower = existing[-1].upper if existing else None
+        default = prefix + "_default"
+        qd = _qn(using, default)
+        if has_rows(using, table, default, ranges[-1].upper, column):
+            cursor.execute(f"ALTER TABLE {qt} DETACH PARTITION {qd}")
+            for r in ranges:
+                cursor.execute(_pg_partition(using, table, prefix, lower, r))
+                lower = r.upper
+            listed = ", ".join(_qn(using, name) for name in columns(using, default))
+            below = f"{_qn(using, column)} < {_literal(ranges[-1].upper)}"
+            cursor.execute(f"INSERT INTO {qt} ({listed}) SELECT {listed} FROM {qd} WHERE {below}")
+            cursor.execute(f"DELETE FROM {qd} WHERE {below}")
+            cursor.execute(f"ALTER TABLE {qt} ATTACH PARTITION {qd} DEFAULT")
+            return
+        for r in ranges:
+            cursor.execute(_pg_partition(using, table, prefix, lower, r))
+            lower = r.upper
+
+
+def drop_partitions(using: str, table: str, names: Sequence[str]) -> None:
+    """Drop whole partitions, their rows with them: no row is deleted one by one."""
+    if not names:
+        return
+    vendor = _vendor(using)
+    with connections[using].cursor() as cursor:
+        if vendor == "mysql":
+            cursor.execute(f"ALTER TABLE {_qn(using, table)} DROP PARTITION {', '.join(_qn(using, n) for n in names)}")
+            return
+        for name in names:
+            cursor.execute(f"DROP TABLE {_qn(using, name)}")

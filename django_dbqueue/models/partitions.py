@@ -1,0 +1,223 @@
+"""The archive's layout: partitioned by finish time (``ARCHIVE_PARTITIONS``) or plain.
+
+Partitions are days or ISO weeks (from Monday) in Django's ``TIME_ZONE``,
+stored as UTC bounds; each is named by the local date it starts
+(``p20261126``). `ArchiveLayout` keeps `AHEAD` partitions created ahead of
+now, drops partitions that lie wholly before a cut-off (retention without a
+row deleted), and converts an archive between the two layouts while the
+queue runs: the other layout is built empty beside it, the names are
+swapped in one step (new rows go to it at once), and the old rows are
+copied behind in id order, a bounded chunk a statement. Each chunk is one
+atomic ``INSERT ... SELECT``, and where to go on is read from the tables
+themselves (the highest old id already copied), so a conversion killed at
+any point resumes with nothing lost or doubled. The vendor DDL is in
+``db.partitions``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from ..conf import django_time_zone
+from ..db import partitions as ddl
+from ..db import transactions
+from ..db.clock import db_now
+from ..db.partitions import Partition, Range
+from ..exceptions import InvalidOption
+from .statements import ARCHIVE_TABLE
+
+GRANULARITIES = ("daily", "weekly")
+# Partitions kept created ahead of now: a week of days, four weeks.
+AHEAD = {"daily": 7, "weekly": 4}
+PARTITION_COLUMN = "finished_at"
+# The table the rows being copied behind stay in until the copy is done, and the staging names.
+OLD_TABLE = f"{ARCHIVE_TABLE}_old"
+STAGING = {True: f"{ARCHIVE_TABLE}_partitioned", False: f"{ARCHIVE_TABLE}_plain"}
+LOCK = "django_dbqueue.archive_layout"
+DEFAULT_CHUNK = 10_000
+
+
+def period_start(moment: datetime, granularity: str, zone: ZoneInfo) -> datetime:
+    """The start (UTC) of the day or ISO week, in ``zone``, that ``moment`` falls in."""
+    local = moment.astimezone(zone).date()
+    if granularity == "weekly":
+        local -= timedelta(days=local.weekday())
+    return _midnight(local, zone)
+
+
+def _midnight(day: date, zone: ZoneInfo) -> datetime:
+    return datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(UTC)
+
+
+def ranges(granularity: str, zone: ZoneInfo, start: datetime, end: datetime) -> list[Range]:
+    """The partitions covering ``start`` to ``end`` (each labelled by the local date it starts)."""
+    step = 7 if granularity == "weekly" else 1
+    first = period_start(start, granularity, zone).astimezone(zone).date()
+    found = []
+    day = first
+    while True:
+        upper_day = day + timedelta(days=step)
+        found.append(Range(day.strftime("%Y%m%d"), _midnight(upper_day, zone)))
+        if found[-1].upper > end:
+            return found
+        day = upper_day
+
+
+def check_granularity(granularity: str | None) -> None:
+    if granularity is not None and granularity not in GRANULARITIES:
+        raise InvalidOption(f"ARCHIVE_PARTITIONS must be 'daily', 'weekly' or None, not {granularity!r}")
+
+
+@dataclass
+class Plan:
+    """What a conversion will do (``--dry-run`` prints it)."""
+
+    using: str
+    target: str | None
+    partitioned_now: bool
+    resuming: bool
+    rows_to_copy: int
+    ranges: list[Range] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        layout = f"partitioned {self.target}" if self.target else "plain (one table)"
+        lines = [f"database {self.using!r}: the archive is {'partitioned' if self.partitioned_now else 'plain'}"]
+        if self.resuming:
+            lines.append(f"a conversion is under way: {self.rows_to_copy:,} old row(s) left to copy behind")
+        else:
+            lines.append(f"1. create {STAGING[self.target is not None]} empty, {layout}")
+            if self.ranges:
+                lines.append(
+                    f"   {len(self.ranges)} partition(s) from {self.ranges[0].label} to {self.ranges[-1].label} "
+                    f"(ends {self.ranges[-1].upper:%Y-%m-%d %H:%M} UTC), and a catch-all for later rows"
+                )
+            lines.append(f"2. swap the names: new rows go to it at once, the old table becomes {OLD_TABLE}")
+            lines.append(f"3. copy the {self.rows_to_copy:,} old row(s) behind, ids kept, in chunks")
+        lines.append(f"{'4' if not self.resuming else '-'}. drop {OLD_TABLE} once every row is copied")
+        return "\n".join(lines)
+
+
+class ArchiveLayout:
+    """The archive's partitions on database ``using``; converting it between layouts; its upkeep by the reaper."""
+
+    def __init__(self, using: str = "default", zone: str | None = None) -> None:
+        self.using = using
+        self.zone = ZoneInfo(zone or django_time_zone())
+
+    # --- what is there -----------------------------------------------------------
+
+    def partitioned(self) -> bool:
+        return ddl.is_partitioned(self.using, ARCHIVE_TABLE)
+
+    def partitions(self) -> list[Partition]:
+        return ddl.partitions(self.using, ARCHIVE_TABLE) if ddl.supported(self.using) else []
+
+    def converting(self) -> bool:
+        """Whether a conversion's old rows are still being copied behind."""
+        return ddl.supported(self.using) and ddl.exists(self.using, OLD_TABLE)
+
+    # --- converting ----------------------------------------------------------------
+
+    def plan(self, granularity: str | None) -> Plan:
+        check_granularity(granularity)
+        if not ddl.supported(self.using):
+            ddl._vendor(self.using)  # raises, naming the database
+        resuming = self.converting()
+        source = OLD_TABLE if resuming else ARCHIVE_TABLE
+        low, high = ddl.id_bounds(self.using, source)
+        left = high - self._copied_up_to(high) if resuming else high - low + 1 if high else 0
+        plan = Plan(self.using, granularity, self.partitioned(), resuming, left)
+        if not resuming and granularity is not None:
+            plan.ranges = self._ranges_for(granularity, ARCHIVE_TABLE)
+        return plan
+
+    def _ranges_for(self, granularity: str, source: str) -> list[Range]:
+        """From the oldest row's period (the old rows get their own partitions) to `AHEAD` periods past now."""
+        now = db_now(self.using)
+        oldest = ddl.oldest(self.using, source, PARTITION_COLUMN) or now
+        return ranges(granularity, self.zone, min(oldest, now), horizon(granularity, now))
+
+    def convert(
+        self, granularity: str | None, chunk_size: int = DEFAULT_CHUNK, on_chunk: Callable[[int], object] | None = None
+    ) -> int:
+        """Convert the archive to ``granularity`` (None: plain) or resume the conversion under way; rows copied.
+
+        Refuses a second conversion at once (a database lock), a conversion
+        to the layout the archive has, and SQLite.
+        """
+        check_granularity(granularity)
+        ddl._vendor(self.using)
+        with transactions.try_lock(self.using, transactions.lock_name(self.using, LOCK)) as held:
+            if not held:
+                raise InvalidOption("another process is converting the archive (or keeping its partitions) right now")
+            if not self.converting():
+                if self.partitioned() == (granularity is not None):
+                    now = "partitioned" if granularity else "plain"
+                    raise InvalidOption(f"the archive on {self.using!r} is {now} already; nothing to convert")
+                self._start(granularity)
+            return self._copy_behind(chunk_size, on_chunk)
+
+    def _start(self, granularity: str | None) -> None:
+        staging = STAGING[granularity is not None]
+        if ddl.exists(self.using, staging):  # a conversion killed before its swap: nothing was written to it
+            ddl.drop_table(self.using, staging)
+        planned = self._ranges_for(granularity, ARCHIVE_TABLE) if granularity else None
+        ddl.create_like(
+            self.using, ARCHIVE_TABLE, staging, column=PARTITION_COLUMN, ranges=planned, prefix=ARCHIVE_TABLE
+        )
+        ddl.swap(self.using, ARCHIVE_TABLE, staging, OLD_TABLE)
+
+    def _copied_up_to(self, old_high: int) -> int:
+        """The highest old id already in the new table: the old rows are copied in id order, a chunk atomically."""
+        return ddl.id_bounds(self.using, ARCHIVE_TABLE, below=old_high)[1]
+
+    def _copy_behind(self, chunk_size: int, on_chunk: Callable[[int], object] | None) -> int:
+        names = ddl.columns(self.using, OLD_TABLE)
+        low, high = ddl.id_bounds(self.using, OLD_TABLE)
+        after = max(self._copied_up_to(high), low - 1)
+        total = 0
+        while after < high:
+            copied = ddl.copy_ids(self.using, OLD_TABLE, ARCHIVE_TABLE, names, after, after + chunk_size)
+            after += chunk_size
+            total += copied
+            if on_chunk is not None:
+                on_chunk(copied)
+        ddl.drop_old(self.using, ARCHIVE_TABLE, OLD_TABLE)
+        return total
+
+    # --- upkeep --------------------------------------------------------------------
+
+    def ensure_ahead(self, granularity: str, now: datetime | None = None) -> list[str]:
+        """Create the partitions missing from the last one to `AHEAD` periods past ``now``; their labels.
+
+        After an outage the missing periods are created too, and the rows the
+        catch-all took meanwhile move into them.
+        """
+        uppers = [p.upper for p in self.partitions() if p.upper is not None]
+        if not uppers:
+            return []
+        until = horizon(granularity, now or db_now(self.using))
+        if uppers[-1] > until:
+            return []
+        wanted = [r for r in ranges(granularity, self.zone, uppers[-1], until) if r.upper > uppers[-1]]
+        ddl.add_ranges(self.using, ARCHIVE_TABLE, PARTITION_COLUMN, wanted, prefix=ARCHIVE_TABLE)
+        return [r.label for r in wanted]
+
+    def droppable(self, before: datetime) -> list[Partition]:
+        """The partitions whose every row finished before ``before`` (by their bounds); never the last range."""
+        ranged = [p for p in self.partitions() if p.upper is not None]
+        return [p for p in ranged[:-1] if p.upper is not None and p.upper <= before]
+
+    def drop_before(self, before: datetime) -> list[Partition]:
+        """Drop the partitions wholly before ``before``: retention without a row deleted one by one."""
+        gone = self.droppable(before)
+        ddl.drop_partitions(self.using, ARCHIVE_TABLE, [p.name for p in gone])
+        return gone
+
+
+def horizon(granularity: str, now: datetime) -> datetime:
+    """How far ahead of ``now`` partitions are kept created."""
+    return now + timedelta(days=AHEAD[granularity] * (7 if granularity == "weekly" else 1))

@@ -1,0 +1,206 @@
+"""The partitioned archive (docs/archive.md): its layout, its boundaries, its upkeep and its conversion.
+
+The server tests convert the test database's real archive and convert it
+back to the plain layout afterwards (the rollback is under test too).
+"""
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.db import connection
+
+import django_dbqueue
+from django_dbqueue.conf import find_problems
+from django_dbqueue.db.partitions import PartitioningUnsupported
+from django_dbqueue.models import ArchivedMessage, Message, Outcome
+from django_dbqueue.models.partitions import AHEAD, OLD_TABLE, ArchiveLayout, ranges
+from tests.support.factories import ArchivedMessageFactory
+
+servers = pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="SQLite has no table partitions; its archive stays one table"
+)
+
+
+def partition_of(pk):
+    """The name of the partition that holds archive row ``pk``."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT tableoid::regclass::text FROM dbqueue_archive WHERE id = %s", [pk])
+            return cursor.fetchone()[0]
+        for partition in ArchiveLayout().partitions():
+            cursor.execute(f"SELECT 1 FROM dbqueue_archive PARTITION ({partition.name}) WHERE id = %s", [pk])
+            if cursor.fetchone():
+                return partition.name
+    return None
+
+
+def label_of(name):
+    return name.rsplit("_", 1)[-1] if connection.vendor == "postgresql" else name
+
+
+@pytest.fixture
+def layout(transactional_db):
+    """An ArchiveLayout on the test database, whose archive is plain again after the test."""
+    yield ArchiveLayout()
+    layout = ArchiveLayout()
+    if layout.converting():
+        layout.convert(None)
+    if layout.partitioned():
+        layout.convert(None)
+    assert not layout.partitioned() and not layout.converting()
+
+
+def test_the_setting_takes_daily_weekly_or_none_and_names_a_bad_value():
+    assert find_problems({"ARCHIVE_PARTITIONS": "daily"}) == []
+    assert find_problems({"ARCHIVE_PARTITIONS": "weekly"}) == []
+    assert find_problems({"ARCHIVE_PARTITIONS": None}) == []
+    assert find_problems({"ARCHIVE_PARTITIONS": "monthly"}) == [
+        "DBQUEUE['ARCHIVE_PARTITIONS'] must be one of 'daily', 'weekly' or None, not 'monthly'"
+    ]
+
+
+def test_days_start_at_midnight_in_the_configured_time_zone():
+    paris = ZoneInfo("Europe/Paris")
+    found = ranges("daily", paris, datetime(2026, 3, 28, 12, tzinfo=UTC), datetime(2026, 3, 30, 1, tzinfo=UTC))
+    assert [r.label for r in found] == ["20260328", "20260329", "20260330"]
+    # Midnight in Paris: 23:00 UTC in winter, 22:00 UTC after the clocks went forward on the 29th (a 23-hour day).
+    assert [r.upper for r in found] == [
+        datetime(2026, 3, 28, 23, tzinfo=UTC),
+        datetime(2026, 3, 29, 22, tzinfo=UTC),
+        datetime(2026, 3, 30, 22, tzinfo=UTC),
+    ]
+    utc = ranges(
+        "daily", ZoneInfo("UTC"), datetime(2026, 11, 26, 23, 59, tzinfo=UTC), datetime(2026, 11, 27, tzinfo=UTC)
+    )
+    assert [(r.label, r.upper) for r in utc] == [
+        ("20261126", datetime(2026, 11, 27, tzinfo=UTC)),
+        ("20261127", datetime(2026, 11, 28, tzinfo=UTC)),
+    ]
+
+
+def test_weeks_start_on_monday():
+    found = ranges("weekly", ZoneInfo("UTC"), datetime(2026, 11, 26, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC))
+    assert [(r.label, r.upper) for r in found] == [
+        ("20261123", datetime(2026, 11, 30, tzinfo=UTC)),
+        ("20261130", datetime(2026, 12, 7, tzinfo=UTC)),
+    ]
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="the SQLite refusal")
+def test_sqlite_refuses_a_conversion_naming_the_database(transactional_db):
+    with pytest.raises(PartitioningUnsupported, match="'default' is SQLite, which has no table partitions"):
+        ArchiveLayout().convert("daily")
+
+
+@servers
+def test_an_empty_archive_converts_and_acks_land_in_todays_partition(layout):
+    assert layout.convert("daily") == 0
+    assert layout.partitioned() and not layout.converting()
+    found = layout.partitions()
+    assert found[-1].upper is None  # the catch-all
+    today = datetime.now(UTC).strftime("%Y%m%d")
+    assert label_of(found[0].name) == f"p{today}"
+    assert len(found) == 1 + 1 + AHEAD["daily"]  # today, a week ahead, one more to reach past it, and the catch-all
+    for n in range(3):
+        django_dbqueue.enqueue("partitions", {"n": n})
+    one, *two = Message.objects.claim("partitions", 3)
+    assert one.ack() is True  # one by one
+    assert Message.objects.ack_many(two) == [True, True]  # the completer's INSERT ... SELECT
+    rows = ArchivedMessage.objects.filter(queue="partitions")
+    assert sorted(rows.values_list("outcome", flat=True)) == [Outcome.ACKED] * 3
+    assert {label_of(partition_of(row.pk)) for row in rows} == {f"p{today}"}
+
+
+@servers
+def test_rows_convert_behind_in_chunks_with_their_ids_and_back_again(layout):
+    now = datetime.now(UTC)
+    old = [ArchivedMessageFactory(finished_at=now - timedelta(days=n % 3, minutes=1)) for n in range(25)]
+    ids = sorted(row.pk for row in old)
+    chunks = []
+    assert layout.convert("daily", chunk_size=7, on_chunk=chunks.append) == 25
+    assert sum(chunks) == 25 and len(chunks) >= 4
+    assert sorted(ArchivedMessage.objects.values_list("pk", flat=True)) == ids
+    # Rows of two days ago are in their own day's partition, created for them.
+    two_days = min(old, key=lambda row: row.finished_at)
+    assert label_of(partition_of(two_days.pk)) == f"p{two_days.finished_at:%Y%m%d}"
+    fresh = ArchivedMessageFactory(finished_at=now)
+    assert fresh.pk > ids[-1]
+    assert layout.convert(None, chunk_size=10) == 26
+    assert not layout.partitioned()
+    assert sorted(ArchivedMessage.objects.values_list("pk", flat=True)) == [*ids, fresh.pk]
+    assert ArchivedMessageFactory(finished_at=now).pk > fresh.pk
+
+
+@servers
+def test_a_conversion_resumes_where_it_stopped(layout):
+    now = datetime.now(UTC)
+    ids = [ArchivedMessageFactory(finished_at=now - timedelta(hours=n)).pk for n in range(20)]
+    # A conversion killed after its swap and one chunk: the old table still holds every row.
+    from django_dbqueue.db import partitions as ddl
+
+    layout._start("daily")
+    assert layout.converting()
+    names = ddl.columns("default", OLD_TABLE)
+    low = min(ids)
+    ddl.copy_ids("default", OLD_TABLE, "dbqueue_archive", names, low - 1, low + 4)
+    assert ArchivedMessage.objects.count() == 5
+    plan = layout.plan("daily")
+    assert plan.resuming and plan.rows_to_copy == 15
+    assert "15 old row(s) left to copy behind" in str(plan)
+    assert layout.convert("daily", chunk_size=4) == 15
+    assert sorted(ArchivedMessage.objects.values_list("pk", flat=True)) == sorted(ids)
+    assert not layout.converting()
+
+
+@servers
+def test_a_row_at_the_exact_boundary_goes_to_the_next_day(layout):
+    layout.convert("daily")
+    first, second = layout.partitions()[:2]
+    before = ArchivedMessageFactory(finished_at=first.upper - timedelta(microseconds=1))
+    at = ArchivedMessageFactory(finished_at=first.upper)
+    assert partition_of(before.pk) == first.name
+    assert partition_of(at.pk) == second.name
+
+
+@servers
+def test_days_follow_the_configured_time_zone(layout, settings):
+    settings.TIME_ZONE = "America/New_York"
+    layout = ArchiveLayout()
+    layout.convert("daily")
+    first, second = layout.partitions()[:2]
+    # A New York midnight is 04:00 or 05:00 UTC, never 00:00.
+    assert first.upper.astimezone(ZoneInfo("America/New_York")).hour == 0
+    assert first.upper.hour in (4, 5)
+    late = ArchivedMessageFactory(finished_at=first.upper - timedelta(seconds=1))
+    assert partition_of(late.pk) == first.name
+    assert partition_of(ArchivedMessageFactory(finished_at=first.upper).pk) == second.name
+
+
+@servers
+def test_a_week_without_upkeep_loses_no_row_and_the_next_pass_repairs_the_layout(layout):
+    layout.convert("daily")
+    last = [p for p in layout.partitions() if p.upper is not None][-1]
+    # The reaper was down: rows finish past the last partition created ahead.
+    late = [ArchivedMessageFactory(finished_at=last.upper + timedelta(days=n, hours=1)) for n in range(3)]
+    catch_all = layout.partitions()[-1]
+    assert all(partition_of(row.pk) == catch_all.name for row in late)
+    created = layout.ensure_ahead("daily", now=late[-1].finished_at)
+    assert [f"{row.finished_at:%Y%m%d}" for row in late] == created[:3]
+    for row in late:
+        assert label_of(partition_of(row.pk)) == f"p{row.finished_at:%Y%m%d}"
+    assert ArchivedMessage.objects.count() == 3
+    assert layout.ensure_ahead("daily", now=late[-1].finished_at) == []
+
+
+@servers
+def test_retention_drops_whole_partitions(layout):
+    now = datetime.now(UTC)
+    rows = [ArchivedMessageFactory(finished_at=now - timedelta(days=n)) for n in range(5)]
+    layout.convert("daily")
+    cutoff = now - timedelta(days=2)
+    gone = layout.drop_before(cutoff)
+    assert gone and all(p.upper <= cutoff for p in gone)
+    kept = set(ArchivedMessage.objects.values_list("pk", flat=True))
+    assert kept == {row.pk for row in rows if row.finished_at >= gone[-1].upper}
+    assert {rows[0].pk, rows[1].pk} <= kept
