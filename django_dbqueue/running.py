@@ -13,7 +13,9 @@ of rules (formerly ``django_dbqueue.dispatch``):
   retried, whether it raises ``Cancelled`` or anything else; a handler that
   returns all the same is acked;
 - there is no handler: dead letter naming the queue and kind, or, with the
-  queue's ``UNHANDLED = "keep"``, back in the queue for a handler to come.
+  queue's ``UNHANDLED = "keep"``, back in the queue for a handler to come;
+- a workflow step whose rows are gone (an orphan): archived as cancelled,
+  never run, with a WARNING.
 
 An ``async def`` handler follows the same rules (`adecide`): a worker runs
 it on its event loop (`django_dbqueue.worker.asyncloop`), where a cancel
@@ -38,12 +40,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
 from . import signals
 from .conf import get_settings, queue_options
 from .exceptions import Cancelled, HandlerTimeout, NotClaimed
 from .handlers import Defer, Handler, Reject, Retry, find_handler
 from .models import Message
 from .models.consuming import error_text
+from .models.workflows import orphan_reason, step_of
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -175,15 +180,20 @@ def _verdicts(message: Message, handler: Handler) -> Callable[..., Verdict]:
     return partial(Verdict, recorded=partial(after_record, message) if after_record else None)
 
 
-def _cancelled_before(message: Message, verdict: Callable[..., Verdict]) -> Verdict | None:
+def _cancelled_before(message: Message, verdict: Callable[..., Verdict], orphaned: str | None) -> Verdict | None:
+    """A message not to run: cancel was asked, or it is a workflow step whose rows are gone (``orphaned`` says why)."""
     if message.cancel_requested():  # flagged before it started: read with the claim, or seen by a heartbeat
         return verdict(HandlerOutcome.CANCELLED, partial(message.archive_cancelled, "cancelled before it ran"))
+    if orphaned is not None:
+        logger.warning("message %s of queue %s: %s", message.pk, message.queue, orphaned)
+        return verdict(HandlerOutcome.CANCELLED, partial(message.archive_cancelled, orphaned))
     return None
 
 
 def _run(message: Message, handler: Handler, worker: str) -> Verdict:
     verdict = _verdicts(message, handler)
-    if (before := _cancelled_before(message, verdict)) is not None:
+    orphaned = orphan_reason(message._state.db or "default", message)
+    if (before := _cancelled_before(message, verdict, orphaned)) is not None:
         return before
     try:
         result = handler(message)
@@ -200,7 +210,10 @@ def _run(message: Message, handler: Handler, worker: str) -> Verdict:
 
 async def _arun(message: Message, handler: Handler, worker: str, timeout: float | None) -> Verdict:
     verdict = _verdicts(message, handler)
-    if (before := _cancelled_before(message, verdict)) is not None:
+    orphaned = None
+    if step_of(message) is not None:  # a step: its rows are read on asgiref's thread, as the async ORM's are
+        orphaned = await sync_to_async(orphan_reason, thread_sensitive=True)(message._state.db or "default", message)
+    if (before := _cancelled_before(message, verdict, orphaned)) is not None:
         return before
     running: Awaitable[Any] = handler(message)
     try:

@@ -9,10 +9,10 @@ import pytest
 from django.db import transaction
 
 import django_dbqueue
-from django_dbqueue import Step, Workflow, outbox
+from django_dbqueue import Step, Workflow, outbox, running
 from django_dbqueue import workflows as builder
 from django_dbqueue.exceptions import InvalidOption
-from django_dbqueue.models import Message, WorkflowRun, WorkflowStep
+from django_dbqueue.models import ArchivedMessage, Message, Outcome, WorkflowEdge, WorkflowRun, WorkflowStep
 from django_dbqueue.schedules.scheduler import Scheduler
 from tests.support.schedules import Clock, at
 from tests.testapp.models import Order
@@ -173,3 +173,45 @@ def test_a_workflow_rule_that_returns_no_workflow_is_refused_by_name():
         rule.disconnect()
     with pytest.raises(InvalidOption, match="workflow must be a callable"):
         outbox.enqueue_workflow_on_save(Order, "fulfil")
+
+
+# --- orphaned steps ---------------------------------------------------------------------------------
+
+
+def delete_workflow_rows():
+    """The fault injected: a workflow's rows deleted behind its steps' backs (by hand, a restore)."""
+    WorkflowEdge.objects.all().delete()
+    WorkflowStep.objects.all().delete()
+    WorkflowRun.objects.all().delete()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_orphaned_step_is_reported_and_never_run(handler, caplog, kind):
+    ran = []
+    if kind == "sync":
+        handler(Q)(lambda message: ran.append(message.pk))
+    else:
+
+        @handler(Q)
+        async def record(message):
+            ran.append(message.pk)
+
+    run = django_dbqueue.workflows.chain("orphan", Step("a", Q), Step("b", Q)).enqueue()
+    delete_workflow_rows()
+    [message] = django_dbqueue.claim(Q)
+    assert running.process(message, worker="w") == "cancelled"
+    assert ran == []
+    archived = ArchivedMessage.objects.get(message_id=message.pk)
+    assert archived.outcome == Outcome.CANCELLED
+    assert archived.last_error.startswith(f"orphaned workflow step: the rows of step 'a' of workflow {run.pk} are gone")
+    assert f"message {message.pk} of queue {Q}: orphaned workflow step" in caplog.text
+    assert not Message.objects.exists()  # nothing after it was enqueued
+
+
+def test_a_step_with_its_rows_runs_as_before(handler):
+    ran = []
+    handler(Q)(lambda message: ran.append(message.pk))
+    django_dbqueue.workflows.chain("kept", Step("a", Q)).enqueue()
+    [message] = django_dbqueue.claim(Q)
+    assert running.process(message, worker="w") == "acked"
+    assert ran == [message.pk]

@@ -430,6 +430,27 @@ def _announce(using: str, workflow_id: int, name: str, outcome: str) -> None:
             )
 
 
+# --- orphans ----------------------------------------------------------------------------
+
+
+def orphan_reason(using: str, message: LiveMessage) -> str | None:
+    """Why step message ``message`` must not run: its step's rows are gone; None when they are there.
+
+    Any other message costs a Python test of its headers, no statement; a
+    step one indexed lookup (the steps' unique (workflow, name) index).
+    """
+    ref = step_of(message)
+    if ref is None:
+        return None
+    workflow_id, name = ref
+    if WorkflowStep.objects.using(using).filter(workflow_id=workflow_id, name=name).exists():
+        return None
+    return (
+        f"orphaned workflow step: the rows of step {name!r} of workflow {workflow_id} are gone "
+        "(deleted outside the reaper's retention); not run, nothing after it runs"
+    )
+
+
 # --- reading results --------------------------------------------------------------------
 
 
