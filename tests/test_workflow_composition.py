@@ -5,6 +5,9 @@ the reaper); the join under real worker processes is
 tests/test_workflow_processes.py.
 """
 
+import time
+from datetime import timedelta
+
 import pytest
 from django.db import transaction
 
@@ -215,3 +218,53 @@ def test_a_step_with_its_rows_runs_as_before(handler):
     [message] = django_dbqueue.claim(Q)
     assert running.process(message, worker="w") == "acked"
     assert ran == [message.pk]
+
+
+# --- flow control: steps in a FIFO group, on a rate-limited queue -------------------------------------
+
+
+def step_name(message):
+    return message.headers["dbqueue_step"][1]
+
+
+def test_steps_in_a_fifo_group_run_one_at_a_time_in_order_and_the_workflow_finishes(settings):
+    settings.DBQUEUE = {"QUEUES": {"wfc-ledger": {"ORDERED": True}}}
+    workflow = Workflow("ledger")
+    entries = [Step(f"entry-{n}", "wfc-ledger", {"n": n}, group="account:7") for n in range(5)]
+    workflow.chord(entries, Step("close", "wfc-ledger", {}, group="account:7"))
+    run = workflow.enqueue()
+    other = django_dbqueue.enqueue("wfc-ledger", {"other": True}, group="account:8")  # another group runs beside
+    order = []
+    while True:
+        claimed = django_dbqueue.claim("wfc-ledger", 10)
+        grouped = [m for m in claimed if m.pk != other.pk]
+        if not claimed:
+            break
+        assert len(grouped) <= 1, f"two messages of one FIFO group claimed at once: {[step_name(m) for m in grouped]}"
+        for message in claimed:
+            if message.pk != other.pk:
+                order.append(step_name(message))
+            message.ack()
+    assert order == [f"entry-{n}" for n in range(5)] + ["close"]
+    run.refresh_from_db()
+    assert (run.state, run.outcome) == ("finished", "succeeded")
+
+
+def test_steps_on_a_rate_limited_queue_keep_to_the_rate_and_the_workflow_finishes(settings):
+    settings.DBQUEUE = {"QUEUES": {"wfc-api": {"RATE_LIMIT": "3/s"}}}
+    workflow = Workflow("calls")
+    workflow.chord([Step(f"call-{n}", "wfc-api", {"n": n}) for n in range(8)], Step("sum", "wfc-api", {}))
+    run = workflow.enqueue()
+    claimed_at = []
+    deadline = time.monotonic() + 60
+    while WorkflowRun.objects.get(pk=run.pk).state == WorkflowRun.RUNNING:
+        assert time.monotonic() < deadline, "the workflow did not finish in 60 s"
+        for message in django_dbqueue.claim("wfc-api", 10):
+            claimed_at.append(message.claimed_at)
+            message.ack()
+        time.sleep(0.05)
+    assert len(claimed_at) == 9
+    for start in claimed_at:  # no one-second window holds more than 3 claims (the database's clock)
+        within = [t for t in claimed_at if start <= t < start + timedelta(seconds=1)]
+        assert len(within) <= 3, f"{len(within)} claims within a second from {start}"
+    assert WorkflowRun.objects.get(pk=run.pk).outcome == "succeeded"
