@@ -17,7 +17,8 @@ that kind in each of the backend's queues. The parts:
 - ``compat``: the framework, from ``django.tasks`` or the Django 5.2 backport;
 - ``backend``: `DatabaseQueueBackend` (enqueue, validation, checks);
 - ``results``: task messages and archive rows read back as ``TaskResult``;
-- ``execution``: `TaskHandler`, running a task message in a worker.
+- ``execution``: `TaskHandler`, running a task message in a worker;
+- ``chaining``: tasks as the steps of a workflow (`task_step`, `parent_results`, `step_results`).
 
 Without the framework this package still imports (``compat.FRAMEWORK`` is
 None), and asking it for the backend raises an ImportError that says what

@@ -68,3 +68,11 @@ def flaky(context, failures):
     if context.attempt <= failures:
         raise RuntimeError(f"attempt {context.attempt} fails")
     return context.attempt
+
+
+@task(queue_name="t-tasks", takes_context=True)
+def total(context):
+    """A workflow's last step: the sum of its parents' return values (tests/test_workflow_tasks.py)."""
+    from django_dbqueue.tasks.chaining import parent_results
+
+    return sum(parent_results(context).values())
