@@ -5,6 +5,10 @@ drops every connection. On a MariaDB Galera cluster a transaction that lost
 certification to another node's at COMMIT fails as a deadlock (1213), and a
 node cut off from the cluster's quorum refuses every statement (1047) until
 it rejoins: a new connection, through a load balancer, reaches another node.
+A PostgreSQL failover drops connections (57P01), refuses new ones for a few
+seconds, and may leave a connection on a node that takes no writes (25006):
+a new connection through a multi-host string (``target_session_attrs=read-write``)
+finds the new primary.
 None of these is a bug in the caller, so queue statements run through
 `with_retries`, which retries them a bounded number of times with jittered
 backoff. Inside a caller's own transaction nothing is
@@ -37,9 +41,22 @@ MYSQL_TRANSIENT_CODES = {
     4031,  # MariaDB: client disconnected by the server (inactivity)
     1047,  # Galera: "WSREP has not yet prepared node for application use" (the node has no quorum)
 }
-# Errors after which the connection is of no more use, although it is open: the node it reaches left the cluster.
+POSTGRES_TRANSIENT_SQLSTATES = {
+    "40001",  # serialization failure
+    "40P01",  # deadlock detected
+    "57P01",  # admin shutdown: the server stopping, or a failover restarting it
+    "57P02",  # crash shutdown
+    "57P03",  # cannot connect now: starting up
+    "08000",  # connection exception
+    "08003",  # connection does not exist
+    "08006",  # connection failure
+    "08001",  # cannot connect (refused)
+    "25006",  # read-only transaction: a primary demoted under us, or one being promoted (pg_auto_failover)
+}
+# Errors after which the connection is of no more use, although it is open: the node it
+# reaches left the cluster (Galera), or takes no writes (PostgreSQL).
 MYSQL_RECONNECT_CODES = {1047}
-POSTGRES_TRANSIENT_SQLSTATES = {"40001", "40P01", "57P01", "57P02", "57P03", "08000", "08003", "08006", "08001"}
+POSTGRES_RECONNECT_SQLSTATES = {"25006"}
 
 # What a database that went away raises, for the loops that must outlive it
 # (workers, reapers): Django's DatabaseError, and its sibling InterfaceError,
@@ -82,7 +99,7 @@ def is_transient(exc: BaseException, using: str) -> bool:
 # Errors the server answered with: the statement failed and its transaction was rolled back.
 # Any other transient error may have lost the connection after the server did the work.
 MYSQL_ANSWERED_CODES = {1047, 1053, 1205, 1213, 2002, 2003}
-POSTGRES_ANSWERED_SQLSTATES = {"40001", "40P01", "57P03", "08001"}
+POSTGRES_ANSWERED_SQLSTATES = {"40001", "40P01", "57P03", "08001", "25006"}
 
 
 def outcome_unknown(exc: BaseException, using: str) -> bool:
@@ -105,12 +122,24 @@ def outcome_unknown(exc: BaseException, using: str) -> bool:
     return False
 
 
+def wrong_node(exc: BaseException, using: str) -> bool:
+    """Whether the server refused the statement as a node that cannot take it now (a Galera node
+    without quorum, a read-only PostgreSQL node), so that only a new connection can go on."""
+    cause = exc.__cause__ or exc
+    kind = connections[using].vendor
+    if kind == "mysql":
+        return mysql_code(cause) in MYSQL_RECONNECT_CODES
+    if kind == "postgresql":
+        return getattr(cause, "sqlstate", None) in POSTGRES_RECONNECT_SQLSTATES
+    return False
+
+
 def lost_connection(using: str, exc: BaseException | None = None) -> bool:
     """Whether the connection is unusable and must be reopened before a retry (``exc`` said so, or a ping)."""
     connection = connections[using]
     if connection.connection is None:
         return False
-    if exc is not None and connection.vendor == "mysql" and mysql_code(exc.__cause__ or exc) in MYSQL_RECONNECT_CODES:
+    if exc is not None and wrong_node(exc, using):
         return True
     try:
         return not connection.is_usable()
