@@ -4,6 +4,8 @@ their permissions."""
 import re
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 import django_dbqueue
@@ -223,3 +225,48 @@ def test_the_pages_buttons_cancel_and_replay(client):
     do(client, other, "cancel")
     assert WorkflowRun.objects.get(pk=other.pk).outcome == "cancelled"
     assert 'name="cancel"' not in page(client, other)  # finished: nothing to cancel
+
+
+# --- at scale ---------------------------------------------------------------------------------
+
+
+def test_the_search_takes_an_exact_name_compared_byte_for_byte(client):
+    lower, upper = diamond("nightly"), diamond("Nightly")
+    viewer(client)
+
+    def found(term):
+        response = client.get(changelist("workflowrun"), {"q": term})
+        return {row.pk for row in response.context["cl"].result_list}
+
+    assert (found("nightly"), found("Nightly"), found("nightl"), found(" nightly ")) == (
+        {lower.pk},
+        {upper.pk},
+        set(),
+        {lower.pk},
+    )
+
+
+def test_a_workflows_page_reads_its_steps_once_and_none_of_their_json(client):
+    run = diamond()
+    viewer(client)
+    with CaptureQueriesContext(connection) as queries:
+        page(client, run)
+    steps = [q["sql"] for q in queries.captured_queries if "dbqueue_workflow_step" in q["sql"]]
+    assert len(steps) == 1, steps
+    assert "payload" not in steps[0] and "result" not in steps[0] and "options" not in steps[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_workflows_bench_phase_measures_every_page_and_removes_its_rows():
+    from django_dbqueue.contrib.bench import adminpages
+
+    kept = diamond("kept")
+    measured = adminpages.measure("default", "bench.", Q, workflows=30, steps=120, rounds=1)
+    assert [name for name, *_ in measured] == [
+        "workflows list, whole table",
+        "workflows list, state=running",
+        "workflows list, search by exact name",
+        "workflow page, 120 steps (baseline: 10 steps)",
+    ]
+    assert all(ours > 0 and baseline > 0 for _, ours, baseline, _ in measured)
+    assert list(WorkflowRun.objects.values_list("pk", flat=True)) == [kept.pk]

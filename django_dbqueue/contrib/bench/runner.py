@@ -55,6 +55,7 @@ PHASES = (
     "claim_latency",
     "memory",
     "admin_list",
+    "admin_workflows",
     "cpu_bound",
     "soak",
     "idle",
@@ -62,7 +63,7 @@ PHASES = (
     "workflows",
 )
 # Phases run only when asked for (--phases): they take minutes at their default sizes, or long waits.
-OPT_IN_PHASES = ("soak", "idle", "async_io", "workflows")
+OPT_IN_PHASES = ("soak", "idle", "async_io", "workflows", "admin_workflows")
 DEFAULT_PHASES = tuple(phase for phase in PHASES if phase not in OPT_IN_PHASES)
 PREFIX = "queuebench."
 GROUPS_QUEUE = PREFIX + "groups"
@@ -484,6 +485,15 @@ class QueueBench:
                 extra,
             ),
         ]
+
+    def phase_admin_workflows(self) -> list[Result]:
+        """The workflows' admin with ``messages`` workflows: the list, filtered, searched; a large workflow's page."""
+        from .adminpages import measure
+
+        count = self.config.messages
+        self.say(f"admin_workflows: {count:,} workflows and one of {CHAIN_STEPS:,} steps")
+        measured = measure(self.using, PREFIX, WORKFLOW_QUEUE, count, CHAIN_STEPS)
+        return [Result(name, ours, "ms", baseline, extra) for name, ours, baseline, extra in measured]
 
     def phase_soak(self) -> list[Result]:
         """Enqueue and drain ``--soak-messages`` with ``--workers`` workers at once: is the end as fast as the start?
