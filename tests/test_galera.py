@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,9 @@ from django.db import connection
 
 from django_dbqueue import enqueue_many
 from django_dbqueue.db import errors
-from tests.support.processes import LoggedCommands, read_marks, wait_for
+from django_dbqueue.db.clock import db_now
+from django_dbqueue.reaper import lock_name as reaper_lock_name
+from tests.support.processes import LoggedCommands, read_marks, start_command, wait_for
 
 pytestmark = [pytest.mark.galera, pytest.mark.django_db(transaction=True)]
 
@@ -303,6 +306,43 @@ def test_a_partitioned_node_refuses_with_1047_and_the_workers_go_on_through_the_
     twice = assert_each_acked_once(cluster, count, marks)
     assert "retrying" in log
     print(f"node {writer} partitioned: {progress.longest_stall(cut_at):.1f} s without progress, {twice} run twice")
+
+
+def test_the_reapers_lock_is_local_to_a_node_and_reapers_racing_archive_each_message_once(cluster):
+    """The reaper's lock (GET_LOCK) keeps out a reaper on its own node only; reapers on two others race, safely.
+
+    Galera does not replicate GET_LOCK: with the lock held on node 1, a reaper
+    there does nothing, while reapers on nodes 2 and 3 both take it and pass
+    over the same expired messages at once. Certification lets one archive
+    each message and turns the other's attempt into 1213, retried: nothing is
+    archived twice and no reaper fails.
+    """
+    count = 3_000
+    for start in range(0, count, 1000):
+        expires_at = db_now("default") + timedelta(seconds=2)
+        enqueue_many(QUEUE, [{"n": n} for n in range(start, start + 1000)], expires_at=expires_at)
+    time.sleep(3)
+    holder = cluster.connect(1)
+    try:
+        cursor = holder.cursor()
+        cursor.execute("SELECT GET_LOCK(%s, 0)", [reaper_lock_name("default")])
+        assert cursor.fetchone()[0] == 1
+        reapers = [start_command("reapqueue", DATABASE_URL=cluster.url(n)) for n in (1, 2, 3)]
+        outputs = [reaper.communicate(timeout=180) for reaper in reapers]
+    finally:
+        holder.close()
+    for reaper, (_, stderr) in zip(reapers, outputs, strict=True):
+        assert reaper.returncode == 0, stderr[-4000:]
+    stdouts = [stdout.strip() for stdout, _ in outputs]
+    assert stdouts[0] == "another reaper holds the lock; nothing done"
+    assert "another reaper" not in stdouts[1] and "another reaper" not in stdouts[2]
+    rows = cluster.query(
+        2, "SELECT COUNT(*), COUNT(DISTINCT message_id), COALESCE(SUM(outcome = 'expired'), 0) FROM dbqueue_archive"
+    )[0]
+    assert (rows[0], rows[1], int(rows[2])) == (count, count, count)
+    assert cluster.query(2, "SELECT COUNT(*) FROM dbqueue_message")[0][0] == 0
+    retried = sum(stderr.count("1213") for _, stderr in outputs)
+    print(f"reapers on nodes 2 and 3 at once: {stdouts[1:]}, {retried} conflict(s) retried")
 
 
 def refusal(cluster: Cluster, node: int) -> Exception | None:
