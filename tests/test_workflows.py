@@ -213,6 +213,26 @@ def test_acks_of_a_batch_settle_their_steps():
     assert WorkflowRun.objects.get(pk=run.pk).open_steps == 1
 
 
+def test_a_batch_of_step_acks_settles_together_in_as_many_statements_as_a_pair():
+    workflow = Workflow("fan")
+    parents = workflow.group(*(Step(f"p{n}", Q) for n in range(13)))
+    workflow.add("join", Q, after=parents)
+    run = workflow.enqueue()
+    counts, left = [], 13
+    for size in (2, 10):
+        claimed = django_dbqueue.claim(Q, size)
+        with CaptureQueriesContext(connection) as acks:
+            assert django_dbqueue.ack_many(claimed) == [True] * size
+        counts.append(len(acks.captured_queries))
+        left -= size
+        assert len(ready()) == left and "join" not in ready()
+    assert counts[0] == counts[1]  # one UPDATE of the join by the batch's count, not one transaction per step
+    assert WorkflowStep.objects.get(workflow_id=run.pk, name="join").pending == 1
+    assert django_dbqueue.ack_many(django_dbqueue.claim(Q, 5)) == [True]
+    assert ready() == ["join"]
+    assert WorkflowRun.objects.get(pk=run.pk).open_steps == 1
+
+
 # --- the policies -----------------------------------------------------------------------
 
 

@@ -144,21 +144,6 @@ class Finishing(Leasing[Live]):
         (None: unknown, as `finish` says)."""
         messages = list(messages)
         answers: list[bool | None] = [False] * len(messages)
-        if any(workflows.step_of(m) is not None for m in messages):
-            # Workflow steps are acked one by one, each with its join in its transaction (models/workflows.py).
-            plain = [(n, m) for n, m in enumerate(messages) if workflows.step_of(m) is None]
-            for n, m in enumerate(messages):
-                if workflows.step_of(m) is not None:
-                    row: dict[str, Any] = {"worker": worker or "", "result": (results or {}).get(m.pk)}
-                    done, archived = self.using(m._state.db or "default").finish(m, Outcome.ACKED, "lease", **row)
-                    if done:
-                        events.finished(m, Outcome.ACKED, archived, row)
-                    answers[n] = done
-            for (n, _), answer in zip(
-                plain, self.ack_many([m for _, m in plain], worker=worker, results=results), strict=True
-            ):
-                answers[n] = answer
-            return answers
         for batch in _distinct_rounds(messages):
             by_db: dict[str, list[tuple[int, LiveMessage]]] = defaultdict(list)
             for index, message in batch:
@@ -182,8 +167,22 @@ class Finishing(Leasing[Live]):
         self, messages: Sequence[LiveMessage], worker: str, results: Mapping[int, Any]
     ) -> tuple[set[int], set[int]]:
         """Acknowledge messages of one database in one transaction; returns the ids whose lease held, and
-        those whose answer is unknown (a lost reply's, as `finish` says)."""
+        those whose answer is unknown (a lost reply's, as `finish` says).
+
+        Workflow steps among them are settled in the same transaction, all
+        together (`workflows.settle_many`): a batch without a step runs the
+        statements it always ran.
+        """
         using = self.db
+        steps = [(m, ref) for m in messages if (ref := workflows.step_of(m)) is not None]
+
+        def settle(owned: set[int]) -> set[int]:
+            # The join, in the acknowledging transaction (models/workflows.py).
+            workflows.settle_many(
+                using, [(ref, m.pk, Outcome.ACKED, results.get(m.pk), "") for m, ref in steps if m.pk in owned]
+            )
+            return owned
+
         tokens: dict[str, list[int]] = defaultdict(list)
         for message in messages:
             tokens[held_token(message)].append(message.pk)  # refuses a message never claimed
@@ -220,30 +219,35 @@ class Finishing(Leasing[Live]):
             return owned, unknown
 
         if ack_in_one_statement(using):
-            return with_retries(
-                using,
-                lambda: answered(lambda: ack_leased(using, tokens, archived, worker, kept, notes)),
-                what="ack_many",
-            )
+
+            def one() -> set[int]:
+                if not steps:
+                    return ack_leased(using, tokens, archived, worker, kept, notes)
+                with write_transaction(using):
+                    return settle(ack_leased(using, tokens, archived, worker, kept, notes))
+
+            return with_retries(using, lambda: answered(one), what="ack_many")
 
         everyone = {m.pk for m in messages}
+        # A step's join enqueues and nudges once the transaction commits: `short_transaction` has no on_commit.
+        opened = write_transaction if steps else short_transaction
 
         def write() -> set[int]:
             # Every lease holds, almost always: acknowledge without locking first; else roll back and lock.
             try:
-                with short_transaction(using):
+                with opened(using):
                     if ack_unlocked(using, tokens, archived, worker, kept, notes):
-                        return everyone
+                        return settle(everyone) if steps else everyone
                     raise _LeaseMoved
             except _LeaseMoved:
                 pass
-            with short_transaction(using):
+            with opened(using):
                 owned = lock_leased(using, tokens)
                 if not owned:
                     return owned
                 archive_copies(using, [pk for pk in archived if pk in owned], Outcome.ACKED, worker, kept, notes)
                 delete_locked(using, owned)
-            return owned
+                return settle(owned) if steps else owned
 
         return with_retries(using, lambda: answered(write), what="ack_many")
 

@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Self
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, models, transaction
-from django.db.models import Count, Exists, F, OuterRef
+from django.db.models import Count, Exists, F, OuterRef, Subquery
 
 from .. import signals
 from ..db.clock import DbNow
 from ..db.errors import with_retries
+from ..db.sql import insert_returns_ids
 from ..db.transactions import after_commit, write_transaction
 from ..exceptions import InvalidOption
 from ..validation import json_problem, json_size_problem, storable_text
@@ -295,8 +297,7 @@ def create(
         batch_size=500,
     )
     roots = WorkflowStep.objects.using(using).filter(workflow_id=run.pk, pending=0).order_by("position")
-    for step in roots:
-        _enqueue_step(using, step)
+    _enqueue_steps(using, list(roots))
     run.refresh_from_db(using=using, fields=["created_at"])  # the database's time, not the expression that set it
     return run
 
@@ -310,97 +311,195 @@ def step_options(step: WorkflowStep) -> dict[str, Any]:
     return options
 
 
-def _enqueue_step(using: str, step: WorkflowStep) -> None:
-    """Enqueue ``step``'s message through the one insert path, and note it on the step (the caller's transaction)."""
-    options = step_options(step)
-    headers = {**(options.get("headers") or {}), STEP_HEADER: [step.workflow_id, step.name]}
-    message, delay = build_unsaved(
-        message_model(), step.queue, step.payload, {**options, "kind": step.kind, "headers": headers}
-    )
-    message_model().objects.using(using).insert_into(using, message, delay)
-    events.enqueued([message], using)
-    WorkflowStep.objects.using(using).filter(pk=step.pk).update(state=StepState.ENQUEUED, message_id=message.pk)
+def _enqueue_steps(using: str, ready: Sequence[WorkflowStep]) -> None:
+    """Enqueue ``ready`` steps' messages through the one insert path and note them on the steps (the caller's
+    transaction): one multi-row INSERT where the database returns its ids, else one INSERT per step."""
+    if not ready:
+        return
+    model = message_model()
+    built = []
+    for step in ready:
+        options = step_options(step)
+        headers = {**(options.get("headers") or {}), STEP_HEADER: [step.workflow_id, step.name]}
+        built.append(build_unsaved(model, step.queue, step.payload, {**options, "kind": step.kind, "headers": headers}))
+    live = model.objects.using(using)
+    if len(built) > 1 and insert_returns_ids(using):
+        messages = live.insert_built(built)
+    else:
+        messages = [live.insert_into(using, message, delay) for message, delay in built]
+        events.enqueued(messages, using)
+    steps = WorkflowStep.objects.using(using)
+    if len(ready) == 1:
+        steps.filter(pk=ready[0].pk).update(state=StepState.ENQUEUED, message_id=messages[0].pk, pending=0)
+        return
+    for step, message in zip(ready, messages, strict=True):
+        step.state, step.message_id, step.pending = StepState.ENQUEUED, message.pk, 0
+    steps.bulk_update(ready, ["state", "message_id", "pending"], batch_size=500)
 
 
 # --- the join ---------------------------------------------------------------------------
 
-
-def settle(using: str, message: LiveMessage, outcome: str, result: Any = None, reason: str = "") -> None:
-    """Record how a step's message ended and decide its dependents, in the caller's (finishing) transaction.
-
-    Only called for a message that `step_of` says is a step. A step whose
-    workflow rows are gone (pruned) is reported in the log, and nothing runs.
-    """
-    ref = step_of(message)
-    if ref is not None:
-        settle_step(using, ref, message.pk, outcome, result, reason)
+# A finished step's message: ((workflow id, step name), message id, outcome, result, reason).
+Finished = tuple[tuple[int, str], int, str, Any, str]
 
 
 def settle_step(using: str, ref: tuple[int, str], message_id: int, outcome: str, result: Any, reason: str) -> None:
-    """`settle` by the step's reference and its message's id."""
-    workflow_id, name = ref
-    steps = WorkflowStep.objects.using(using)
-    mine = steps.filter(workflow_id=workflow_id, name=name, message_id=message_id, state=StepState.ENQUEUED)
-    kept, why = kept_result(result) if outcome == Outcome.ACKED else (None, "")
-    changed = mine.update(
-        state=outcome,
-        result=kept,
-        result_note=why,
-        reason=storable_text(reason)[:4000] if outcome != Outcome.ACKED else "",
-        finished_at=DbNow(),
-    )
-    if changed != 1:
-        if not steps.filter(workflow_id=workflow_id, name=name).exists():
-            logger.warning(
-                "message %s is step %r of workflow %s, whose rows are gone: nothing after it runs",
-                message_id,
-                name,
-                workflow_id,
+    """`settle_many` for one step."""
+    settle_many(using, [(ref, message_id, outcome, result, reason)])
+
+
+def settle_many(using: str, finished: Sequence[Finished]) -> None:
+    """Record how steps' messages ended and decide their dependents, in the caller's (finishing) transaction.
+
+    Only called for messages that `step_of` says are steps. Per workflow:
+    one UPDATE of the steps (one more per step with a result), then one
+    wave of `_propagate` over their children, and one update of the
+    workflow's counts. A step whose workflow rows are gone (pruned) is
+    reported in the log, and nothing runs.
+    """
+    by_workflow: dict[int, list[Finished]] = defaultdict(list)
+    for entry in finished:
+        by_workflow[entry[0][0]].append(entry)
+    for workflow_id in sorted(by_workflow):  # one lock order for every batch
+        settled = _mark(using, workflow_id, by_workflow[workflow_id])
+        if settled:
+            _propagate(using, workflow_id, settled)
+
+
+def _mark(using: str, workflow_id: int, finished: Sequence[Finished]) -> list[tuple[str, str, str | None]]:
+    """Set the finished steps' outcome, result and reason (only steps still enqueued as these messages);
+    returns (name, outcome, None) of each step this call settled."""
+    steps = WorkflowStep.objects.using(using).filter(workflow_id=workflow_id, state=StepState.ENQUEUED)
+    plain: dict[tuple[str, str], list[Finished]] = defaultdict(list)  # no result kept: one UPDATE per outcome
+    own: list[tuple[Finished, Any, str]] = []
+    for entry in finished:
+        _, _, outcome, result, reason = entry
+        kept, why = kept_result(result) if outcome == Outcome.ACKED else (None, "")
+        text = storable_text(reason)[:4000] if outcome != Outcome.ACKED else ""
+        if kept is None and not why:
+            plain[(outcome, text)].append(entry)
+        else:
+            own.append((entry, kept, why))
+    settled: list[tuple[str, str, str | None]] = []
+    for (outcome, text), entries in plain.items():
+        names = [ref[1] for ref, *_ in entries]
+        ids = [message_id for _, message_id, *_ in entries]
+        mine = steps.filter(name__in=names, message_id__in=ids)
+        changed = mine.update(state=outcome, result=None, result_note="", reason=text, finished_at=DbNow())
+        if changed != len(entries):  # some step is no longer enqueued as this message, or its rows are gone
+            done = set(
+                WorkflowStep.objects.using(using)
+                .filter(workflow_id=workflow_id, message_id__in=ids, state=outcome)
+                .values_list("message_id", flat=True)
             )
-        return
-    _propagate(using, workflow_id, [(name, outcome, None)])
+            entries = [e for e in entries if e[1] in done or _orphan(using, e)]
+        settled.extend((ref[1], outcome, None) for ref, _, _, _, _ in entries)
+    for (ref, message_id, outcome, _, reason), kept, why in own:
+        text = storable_text(reason)[:4000] if outcome != Outcome.ACKED else ""
+        mine = steps.filter(name=ref[1], message_id=message_id)
+        if mine.update(state=outcome, result=kept, result_note=why, reason=text, finished_at=DbNow()) == 1:
+            settled.append((ref[1], outcome, None))
+        else:
+            _orphan(using, (ref, message_id, outcome, None, reason))
+    return settled
+
+
+def _orphan(using: str, entry: Finished) -> bool:
+    """Log a step whose workflow rows are gone (nothing after it runs); always False (not settled here)."""
+    (workflow_id, name), message_id, *_ = entry
+    if not WorkflowStep.objects.using(using).filter(workflow_id=workflow_id, name=name).exists():
+        logger.warning(
+            "message %s is step %r of workflow %s, whose rows are gone: nothing after it runs",
+            message_id,
+            name,
+            workflow_id,
+        )
+    return False
 
 
 def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str | None]]) -> None:
-    """Decrement the children of each settled step, enqueue those at zero, cancel those a failure dooms."""
+    """Decrement the children of the settled steps, enqueue those at zero, cancel those a failure dooms.
+
+    In waves: the children of the steps settled in a wave are read locked
+    in one SELECT with the number of their parents among them (a fan-in
+    child of ten parents acked together loses ten at once, in one UPDATE);
+    the steps a failure cancels make the next wave. A child that one parent
+    lets go and another dooms in the same wave is doomed, as it would be in
+    any order.
+    """
     steps = WorkflowStep.objects.using(using).filter(workflow_id=workflow_id)
     edges = WorkflowEdge.objects.using(using).filter(workflow_id=workflow_id)
     closed = len(settled)
     failed = sum(1 for _, outcome, _ in settled if outcome != Outcome.ACKED)
-    work = list(settled)
-    while work:
-        name, outcome, cause = work.pop()
-        children = list(edges.filter(parent=name).values_list("child", "ignore"))
-        if not children:
-            continue
-        go = sorted(child for child, ignore in children if outcome == Outcome.ACKED or outcome in ignore.split(","))
-        stop = sorted(child for child, ignore in children if child not in go)
-        if go:
-            steps.filter(name__in=go, state=StepState.WAITING, pending__gt=0).update(pending=F("pending") - 1)
-            ready = steps.select_for_update().filter(name__in=go, state=StepState.WAITING, pending=0)
-            for step in ready.order_by("position"):
-                _enqueue_step(using, step)
+    wave = settled
+    while wave:
+        outcomes = {name: (outcome, cause) for name, outcome, cause in wave}
+        parents = edges.filter(parent__in=sorted(outcomes))
+        stop: dict[str, tuple[str, str]] = {}  # child -> (origin, reason)
+        waiting = steps.select_for_update().filter(state=StepState.WAITING).order_by("position")
+        children: list[tuple[WorkflowStep, int]]
+        if all(outcome == Outcome.ACKED for outcome, _ in outcomes.values()):  # a batch of acks: one statement
+            counts = parents.filter(child=OuterRef("name")).order_by().values("child").annotate(n=Count("id"))
+            found = waiting.filter(name__in=parents.values("child")).annotate(n=Subquery(counts.values("n")))
+            children = [(step, int(getattr(step, "n", 0) or 0)) for step in found]
+        else:
+            go: dict[str, int] = defaultdict(int)
+            for parent, child, ignore in parents.values_list("parent", "child", "ignore"):
+                outcome, cause = outcomes[parent]
+                if outcome == Outcome.ACKED or outcome in ignore.split(","):
+                    go[child] += 1
+                else:
+                    origin = cause or parent
+                    reason = f"dependency {origin!r} ended {outcome if origin == parent else 'cancelled'}"
+                    stop[child] = min(stop.get(child, (origin, reason)), (origin, reason))
+            going = sorted(child for child in go if child not in stop)
+            children = [(step, go[step.name]) for step in waiting.filter(name__in=going)] if going else []
+        _release(using, steps, children)
+        wave = []
         if stop:
-            origin = cause or name
             doomed = list(
-                steps.select_for_update().filter(name__in=stop, state=StepState.WAITING).values_list("name", flat=True)
+                steps.select_for_update()
+                .filter(name__in=sorted(stop), state=StepState.WAITING)
+                .values_list("name", flat=True)
             )
-            if doomed:
-                steps.filter(name__in=doomed, state=StepState.WAITING).update(
-                    state=StepState.CANCELLED,
-                    cause=origin,
-                    reason=f"dependency {origin!r} ended {outcome if origin == name else 'cancelled'}",
-                    finished_at=DbNow(),
+            by_reason: dict[tuple[str, str], list[str]] = defaultdict(list)
+            for name in doomed:
+                by_reason[stop[name]].append(name)
+            for (origin, reason), names in sorted(by_reason.items()):
+                steps.filter(name__in=names, state=StepState.WAITING).update(
+                    state=StepState.CANCELLED, cause=origin, reason=reason, finished_at=DbNow()
                 )
-                closed += len(doomed)
-                failed += len(doomed)
-                work.extend((child, Outcome.CANCELLED, origin) for child in doomed)
+                wave.extend((name, Outcome.CANCELLED, origin) for name in names)
+            closed += len(doomed)
+            failed += len(doomed)
     _close(using, workflow_id, closed, failed)
 
 
+def _release(using: str, steps: models.QuerySet[WorkflowStep], children: list[tuple[WorkflowStep, int]]) -> None:
+    """Take ``n`` settled dependencies off each locked waiting child; enqueue those left with none."""
+    by_count: dict[int, list[int]] = defaultdict(list)
+    ready = []
+    for step, n in children:
+        if step.pending <= n:
+            ready.append(step)
+        else:
+            by_count[n].append(step.pk)
+    for n, pks in sorted(by_count.items()):
+        steps.filter(pk__in=pks).update(pending=F("pending") - n)
+    _enqueue_steps(using, ready)
+
+
 def _close(using: str, workflow_id: int, closed: int, failed: int) -> None:
-    """Count ``closed`` steps as settled (``failed`` of them not acked); the workflow finishes at zero open."""
+    """Count ``closed`` steps as settled (``failed`` of them not acked); the workflow finishes at zero open.
+
+    While steps stay open, one UPDATE that leaves at least one open; the
+    last steps read the row locked and finish the workflow.
+    """
     runs = WorkflowRun.objects.using(using)
+    if closed and runs.filter(pk=workflow_id, open_steps__gt=closed).update(
+        open_steps=F("open_steps") - closed, failed_steps=F("failed_steps") + failed
+    ):
+        return
     run = runs.select_for_update().filter(pk=workflow_id).first()
     if run is None:
         return
