@@ -163,7 +163,10 @@ def test_workflows_drains_a_chain_and_a_fan_out_against_plain_messages(monkeypat
     monkeypatch.setenv("DBQUEUE_TEST_DATABASE_NAME", str(connection.settings_dict["NAME"]))
     call_command("queuebench", "--phases=workflows", "--messages=60", "--workers=2", "--batch-size=5", "--json")
     results = {r["phase"].split(" (")[0]: r for r in json.loads(capsys.readouterr().out)["results"]}
-    assert set(results) == {"workflow chain", "workflow fan-out/fan-in"}
+    assert set(results) == {"workflow chain", "workflow fan-out/fan-in", "workflow join wait p99"}
+    joins = results.pop("workflow join wait p99")
+    assert joins["unit"] == "ms" and joins["extra"]["joins"] == 60  # one wait per small fan-in, measured
+    assert 0 <= joins["extra"]["p50_ms"] <= joins["extra"]["p99_ms"] == joins["ours"]
     for result in results.values():
         assert result["ours"] > 0 and result["baseline"] > 0 and result["unit"] == "steps/s"
     assert results["workflow chain"]["extra"]["steps"] == 60

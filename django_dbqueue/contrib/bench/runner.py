@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
@@ -76,6 +77,7 @@ IO_THREADS, IO_PROCESSES, IO_ASYNC = 8, 2, 500  # --concurrency, --processes, --
 IO_BASELINE = f"one runqueueworker process with --concurrency {IO_THREADS} (time.sleep)"
 WORKFLOW_QUEUE = PREFIX + "workflow"
 CHAIN_STEPS = 1000  # the workflows phase's chain (at most --messages)
+JOIN_SAMPLES = 200  # the workflows phase's small fan-ins whose joins' waits give its p99 (at most --messages)
 
 
 @dataclass
@@ -634,7 +636,9 @@ class QueueBench:
         a chain has one step ready at a time) against as many plain messages;
         a fan-out/fan-in (a root, ``messages`` steps after it, one join after
         them all; W workers, batch B) against ``messages + 2`` plain ones; and
-        the join's wait, from its last parent's ack to its claim.
+        the join's wait, from its last parent's ack to its claim: once in the
+        fan-out, and its percentiles over ``min(JOIN_SAMPLES, messages)``
+        fan-ins of two parents run one after the other by idle workers.
         """
         workers, batch, count = self.config.workers, self.config.batch_size, self.config.messages
         chain_steps = min(CHAIN_STEPS, count)
@@ -648,6 +652,15 @@ class QueueBench:
         fan.add("join", WORKFLOW_QUEUE, self.payload, after=parents)
         fan_rate, join_wait = self._workflow_drain(fan, count + 2, workers=workers, batch_size=batch)
         plain_fan, _ = self._workflow_drain(None, count + 2, workers=workers, batch_size=batch)
+        samples = min(JOIN_SAMPLES, count)
+        waits = self._join_waits(samples, workers=workers, batch_size=batch)
+        joins = {
+            "p50_ms": percentile(waits, 50),
+            "p95_ms": percentile(waits, 95),
+            "p99_ms": percentile(waits, 99),
+            "joins": samples,
+            "nudges": self.config.nudges,
+        }
         return [
             Result(
                 f"workflow chain ({chain_steps:,} steps, 1 worker, batch 1)",
@@ -667,39 +680,44 @@ class QueueBench:
                     "baseline": "as many plain messages, the same workers",
                 },
             ),
+            Result(f"workflow join wait p99 ({samples} joins, {workers} workers)", joins["p99_ms"], "ms", None, joins),
         ]
+
+    def _join_waits(self, samples: int, *, workers: int, batch_size: int) -> list[float]:
+        """The join's wait in ms (its claim after its last parent's ack) of ``samples`` fan-ins of two parents,
+        each enqueued once the previous one finished: what a join waits for idle workers, nudges included."""
+        self._clean_workflows()
+        self.clean()
+        archive = ArchivedMessage.objects.using(self.using).filter(queue=WORKFLOW_QUEUE)
+        with self._workflow_workers(workers, batch_size) as drained:
+            time.sleep(3)  # let them start and settle into polling
+            for n in range(samples):
+                fan = Workflow(PREFIX + "join")
+                fan.group(Step("a", WORKFLOW_QUEUE, self.payload), Step("b", WORKFLOW_QUEUE, self.payload))
+                fan.add("join", WORKFLOW_QUEUE, self.payload, after=["a", "b"])
+                fan.enqueue(using=self.using)
+                drained(3 * (n + 1), 60, 0.01)
+        steps: dict[int, dict[str, Any]] = defaultdict(dict)
+        for headers, claimed_at, finished_at in archive.values_list("headers", "claimed_at", "finished_at"):
+            workflow_id, name = headers["dbqueue_step"]
+            steps[workflow_id][name] = claimed_at if name == "join" else finished_at
+        self._clean_workflows()
+        return [(s["join"] - max(s["a"], s["b"])).total_seconds() * 1000 for s in steps.values()]
 
     def _workflow_drain(
         self, workflow: Workflow | None, steps: int, *, workers: int, batch_size: int
     ) -> tuple[float, float | None]:
         """Drain ``workflow`` (or ``steps`` plain messages) with orm-worker children: steps/s from the archive's
-        times (first claim to last finish), and the join's wait in ms (its claim after its parents' last finish).
-
-        The children run until every step is archived, then get SIGTERM: a
-        worker idle while a step's ack enqueues the next must not leave early.
-        """
+        times (first claim to last finish), and the join's wait in ms (its claim after its parents' last finish)."""
         self._clean_workflows()
         self.clean()
         if workflow is None:
             self.fill(WORKFLOW_QUEUE, steps)
         else:
             workflow.enqueue(using=self.using)
-        children = [
-            spawn("orm-worker", WORKFLOW_QUEUE, self.config, "--forever", batch_size=batch_size) for _ in range(workers)
-        ]
         archive = ArchivedMessage.objects.using(self.using).filter(queue=WORKFLOW_QUEUE)
-        try:
-            deadline = time.monotonic() + 3600
-            while archive.count() < steps:
-                if time.monotonic() > deadline or any(child.poll() is not None for child in children):
-                    raise RuntimeError(f"workflows: {archive.count()} of {steps} steps drained")
-                time.sleep(0.2)
-        finally:
-            for child in children:
-                if child.poll() is None:
-                    child.send_signal(signal.SIGTERM)
-            for child in children:
-                child.wait(timeout=120)
+        with self._workflow_workers(workers, batch_size) as drained:
+            drained(steps, 3600, 0.2)
         span = archive.aggregate(first=Min("claimed_at"), last=Max("finished_at"))
         rate = steps / max((span["last"] - span["first"]).total_seconds(), 1e-6)
         wait = None
@@ -711,6 +729,32 @@ class QueueBench:
                 wait = (join.claimed_at - last_parent).total_seconds() * 1000
         self._clean_workflows()
         return rate, wait
+
+    @contextlib.contextmanager
+    def _workflow_workers(self, workers: int, batch_size: int) -> Iterator[Callable[[int, float, float], None]]:
+        """orm-worker children on the workflows' queue, given SIGTERM at the end; yields ``drained(count,
+        seconds, poll)``, which returns once ``count`` rows are archived (raises past ``seconds`` or when a
+        child died). They run until then: a worker idle while a step's ack enqueues the next must not leave."""
+        children = [
+            spawn("orm-worker", WORKFLOW_QUEUE, self.config, "--forever", batch_size=batch_size) for _ in range(workers)
+        ]
+        archive = ArchivedMessage.objects.using(self.using).filter(queue=WORKFLOW_QUEUE)
+
+        def drained(count: int, seconds: float, poll: float) -> None:
+            deadline = time.monotonic() + seconds
+            while archive.count() < count:
+                if time.monotonic() > deadline or any(child.poll() is not None for child in children):
+                    raise RuntimeError(f"workflows: {archive.count()} of {count} steps drained")
+                time.sleep(poll)
+
+        try:
+            yield drained
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
+            for child in children:
+                child.wait(timeout=120)
 
     def _clean_workflows(self) -> None:
         runs = WorkflowRun.objects.using(self.using).filter(name__startswith=PREFIX)
@@ -839,7 +883,7 @@ def as_table(results: list[Result], config: BenchConfig) -> str:
         baseline = f"{r.baseline:,.1f}" if r.baseline is not None else "-"
         ratio = f"{r.ratio:.2f}" if r.ratio is not None else "-"
         lines.append(f"{r.phase:<44} {r.ours:>10,.1f} {r.unit:<3} {baseline:>14} {ratio:>9}")
-        if r.phase.startswith("end-to-end"):
+        if r.phase.startswith(("end-to-end", "workflow join")):
             lines.append(
                 f"{'':<4}p50 {r.extra['p50_ms']:.1f} ms, p95 {r.extra['p95_ms']:.1f} ms, p99 {r.extra['p99_ms']:.1f} ms"
             )
