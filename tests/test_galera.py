@@ -204,6 +204,7 @@ def test_single_writer_rides_over_the_writing_node_killed_and_rejoining(cluster,
     produce(count)
     writer = writing_node()
     with Progress(cluster, 3 if writer != 3 else 2) as progress:
+        started = time.monotonic()
         processes = start_workers(workers, [os.environ["DATABASE_URL"]] * 2, marks)
         wait_for(lambda: progress.archived() >= count // 4, timeout=120, interval=0.2, what="a quarter archived")
         killed_at = time.monotonic()
@@ -212,11 +213,15 @@ def test_single_writer_rides_over_the_writing_node_killed_and_rejoining(cluster,
         wait_for(lambda: progress.archived() >= resumed, timeout=120, interval=0.2, what="progress on the others")
         cluster("restart", writer)  # recovers its position and rejoins by IST while the drain goes on
         wait_for(lambda: progress.archived() >= count, timeout=240, interval=0.2, what="every message archived")
+        elapsed = time.monotonic() - started
     log = stop_workers(workers, processes)
     stall = progress.longest_stall(killed_at)
     twice = assert_each_acked_once(cluster, count, marks)
     assert "retrying" in log  # the lost connections were weather: logged, retried, survived
-    print(f"single writer, node {writer} killed: {stall:.1f} s without progress, {twice} message(s) run twice")
+    print(
+        f"single writer, node {writer} killed: {stall:.1f} s without progress, {twice} message(s) run twice; "
+        f"{count} messages in {elapsed:.0f} s, kill and rejoin included"
+    )
 
 
 def test_skip_locked_is_local_to_a_node_and_certification_refuses_the_second_claim(cluster):
@@ -343,6 +348,19 @@ def test_the_reapers_lock_is_local_to_a_node_and_reapers_racing_archive_each_mes
     assert cluster.query(2, "SELECT COUNT(*) FROM dbqueue_message")[0][0] == 0
     retried = sum(stderr.count("1213") for _, stderr in outputs)
     print(f"reapers on nodes 2 and 3 at once: {stdouts[1:]}, {retried} conflict(s) retried")
+
+
+def test_every_table_is_innodb_with_a_primary_key(cluster):
+    """Galera replicates InnoDB rows by primary key: a table without one, or of another engine, replicates badly."""
+    tables = cluster.query(
+        1,
+        "SELECT t.table_name, t.engine, c.constraint_name FROM information_schema.tables t "
+        "LEFT JOIN information_schema.table_constraints c ON c.table_schema = t.table_schema "
+        "AND c.table_name = t.table_name AND c.constraint_type = 'PRIMARY KEY' "
+        "WHERE t.table_schema = DATABASE() AND t.table_type = 'BASE TABLE'",
+    )
+    assert any(name == "dbqueue_message" for name, _, _ in tables)
+    assert [(name, engine, key) for name, engine, key in tables if engine != "InnoDB" or key is None] == []
 
 
 def refusal(cluster: Cluster, node: int) -> Exception | None:
