@@ -10,7 +10,10 @@ Each pass, under a database lock so that only one reaper acts at a time:
    (poison messages that kill the worker running them are never claimed
    again, see the claim's filter);
 3. messages past ``expires_at`` that nobody holds are archived as expired;
-4. archive rows older than their queue's ``RETENTION_DAYS`` are deleted, in
+4. with ``ARCHIVE_PARTITIONS`` (docs/archive.md), partitions are kept
+   created ahead and those older than every queue's ``RETENTION_DAYS`` are
+   dropped whole; then archive rows older than their queue's
+   ``RETENTION_DAYS`` are deleted, in
    batches of ``REAP_BATCH_SIZE`` so no statement holds locks for long, and
    so are workflows finished longer ago than the default ``RETENTION_DAYS``;
    enqueued workflow steps whose message was archived without settling them
@@ -45,6 +48,7 @@ from .db.errors import DATABASE_TROUBLE, with_retries
 from .db.stats import refresh_statistics, shrink_indexes, vacuum_if_bloated
 from .db.transactions import write_transaction
 from .models import ArchivedMessage, Message, Outcome, Worker, WorkflowRun, events, flow, workflows
+from .models.partitions import ArchiveLayout
 from .operations import finish
 from .progress import NullProgress, Progress
 
@@ -67,6 +71,8 @@ class ReapReport:
     cancelled: int = 0
     expired: int = 0
     pruned: int = 0
+    partitions_created: int = 0
+    partitions_dropped: int = 0
     flow_pruned: int = 0
     workflows_pruned: int = 0
     steps_settled: int = 0
@@ -83,6 +89,8 @@ class ReapReport:
             f"{self.stale_workers} stale worker(s) removed, {self.released} message(s) released, "
             f"{self.poison} poison message(s) dead-lettered, {self.cancelled} cancelled, {self.expired} expired, "
             f"{self.pruned} archive row(s) pruned"
+            + (f", {self.partitions_created} archive partition(s) created" if self.partitions_created else "")
+            + (f", {self.partitions_dropped} archive partition(s) dropped" if self.partitions_dropped else "")
             + (f", {self.flow_pruned} flow-control row(s) pruned" if self.flow_pruned else "")
             + (f", {self.workflows_pruned} workflow(s) pruned" if self.workflows_pruned else "")
             + (f", {self.steps_settled} workflow step(s) settled by the sweep" if self.steps_settled else "")
@@ -99,6 +107,7 @@ class Reaper:
         self.using = using
         self.batch_size = batch_size or get_settings().reap_batch_size
         self.progress = progress or NullProgress()
+        self._told_plain = False  # the warning that the setting asks for partitions the archive lacks: once
 
     def run_once(self) -> ReapReport | None:
         """One pass; None when another reaper holds the lock."""
@@ -110,6 +119,7 @@ class Reaper:
             report.cancelled += self.cancel_abandoned()
             report.poison += self.dead_letter_poison()
             report.expired += self.expire()
+            self.keep_partitions(report)
             report.pruned += self.prune()
             report.flow_pruned += self.prune_flow_control()
             report.steps_settled += self.settle_steps()
@@ -254,6 +264,35 @@ class Reaper:
             return 0
         before = db_now(self.using) - timedelta(days=days)
         return WorkflowRun.objects.using(self.using).prune(before, self.batch_size)
+
+    def keep_partitions(self, report: ReapReport) -> None:
+        """With ARCHIVE_PARTITIONS: partitions created ahead, and those past every queue's retention dropped whole.
+
+        A partition goes only when all its rows are past the longest
+        ``RETENTION_DAYS`` of any queue (the default's included: it covers
+        the queues not configured); a queue that keeps its rows for ever
+        (None) keeps every partition. The row pruning that follows takes the
+        rest (queues with a shorter retention, the partition that straddles
+        the cut-off).
+        """
+        dbq = get_settings()
+        granularity = dbq.archive_partitions
+        if granularity is None:
+            return
+        days = [dbq.defaults.retention_days, *(options.retention_days for options in dbq.queues.values())]
+        longest = None if any(day is None for day in days) else max(d for d in days if d is not None)
+        before = None if longest is None else db_now(self.using) - timedelta(days=longest)
+        done = ArchiveLayout(self.using).upkeep(granularity, before)
+        if done.plain and not self._told_plain:
+            self._told_plain = True
+            logger.warning(
+                "reaper: ARCHIVE_PARTITIONS is %r but the archive on %r is one plain table; "
+                "convert it with manage.py partitionarchive (docs/archive.md)",
+                granularity,
+                self.using,
+            )
+        report.partitions_created += len(done.created)
+        report.partitions_dropped += len(done.dropped)
 
     def prune(self) -> int:
         """Delete archive rows past their queue's retention, a batch at a time."""

@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from django.db import connections, transaction
 
@@ -61,6 +62,11 @@ def _vendor(using: str) -> str:
             "ARCHIVE_PARTITIONS works on MariaDB/MySQL and PostgreSQL (docs/archive.md)"
         )
     return vendor
+
+
+def require(using: str) -> None:
+    """Raise `PartitioningUnsupported`, naming the database, unless it has table partitions."""
+    _vendor(using)
 
 
 def supported(using: str) -> bool:
@@ -163,6 +169,15 @@ def _pg_partition(using: str, table: str, prefix: str, lower: datetime | None, r
     )
 
 
+def _pg_create_ranges(
+    cursor: Any, using: str, table: str, prefix: str, lower: datetime | None, ranges: Sequence[Range]
+) -> None:
+    """Each range a partition of its own, from the one before (``lower`` first; None: from MINVALUE)."""
+    for r in ranges:
+        cursor.execute(_pg_partition(using, table, prefix, lower, r))
+        lower = r.upper
+
+
 def _pg_indexes(using: str, table: str) -> list[tuple[str, str]]:
     """(name, definition) of the table's indexes other than its primary key."""
     with connections[using].cursor() as cursor:
@@ -219,10 +234,7 @@ def create_like(
             cursor.execute(f"CREATE SEQUENCE {sequence} OWNED BY {qt}.id")
             cursor.execute(f"ALTER TABLE {qt} ALTER id SET DEFAULT nextval('{sequence}')")
             cursor.execute(f"ALTER TABLE {qt} ADD PRIMARY KEY (id, {qc})")
-            lower = None
-            for r in ranges:
-                cursor.execute(_pg_partition(using, target, prefix, lower, r))
-                lower = r.upper
+            _pg_create_ranges(cursor, using, target, prefix, None, ranges)
             cursor.execute(f"CREATE TABLE {_qn(using, prefix + '_default')} PARTITION OF {qt} DEFAULT")
         for name, definition in indexes:
             # "CREATE INDEX name ON [ONLY] public.source USING ...": same index, other name and table.
@@ -230,9 +242,9 @@ def create_like(
             cursor.execute(f"CREATE INDEX {_qn(using, temporary_index_name(name, 'new'))} ON {qt} USING {columns}")
 
 
-def _id_sequence(cursor: object, using: str, table: str) -> str:
-    cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [table])  # type: ignore[attr-defined]
-    return str(cursor.fetchone()[0])  # type: ignore[attr-defined]
+def _id_sequence(cursor: Any, using: str, table: str) -> str:
+    cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [table])
+    return str(cursor.fetchone()[0])
 
 
 def swap(using: str, table: str, new: str, old: str) -> None:
@@ -266,6 +278,30 @@ def swap(using: str, table: str, new: str, old: str) -> None:
         cursor.execute(f"ALTER TABLE {qt} RENAME TO {qold}")
         cursor.execute(f"ALTER TABLE {qn_new} RENAME CONSTRAINT {_qn(using, new + '_pkey')} TO {_qn(using, primary)}")
         cursor.execute(f"ALTER TABLE {qn_new} RENAME TO {qt}")
+        _pg_name_partition_indexes(using, table)
+
+
+def _pg_name_partition_indexes(using: str, table: str) -> None:
+    """Name each partition's index after the table's index it belongs to: ``dbqueue_arc_key_p20261126``.
+
+    PostgreSQL names them after the partition's columns; named after the
+    parent, a plan that names a partition's index says which one it is.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT child.relname, parent.relname, part.relname FROM pg_inherits parts "
+            "JOIN pg_class part ON part.oid = parts.inhrelid "
+            "JOIN pg_index x ON x.indrelid = part.oid "
+            "JOIN pg_class child ON child.oid = x.indexrelid "
+            "JOIN pg_inherits up ON up.inhrelid = child.oid "
+            "JOIN pg_class parent ON parent.oid = up.inhparent "
+            "WHERE parts.inhparent = to_regclass(%s)",
+            [table],
+        )
+        for child, parent, part in cursor.fetchall():
+            wanted = f"{parent}_{part.removeprefix(table + '_')}"[:63]
+            if child != wanted:
+                cursor.execute(f"ALTER INDEX {_qn(using, child)} RENAME TO {_qn(using, wanted)}")
 
 
 def columns(using: str, table: str) -> list[str]:
@@ -285,6 +321,20 @@ def copy_ids(using: str, source: str, target: str, names: Iterable[str], after: 
         return int(cursor.rowcount)
 
 
+def chunk_end(using: str, table: str, after: int, size: int) -> int | None:
+    """The id that ends the next chunk of ``size`` rows of ``table`` after id ``after`` (None: no row is left).
+
+    Chunks count rows, not ids: ids have gaps (a conversion on MariaDB/MySQL leaves one of `ID_GAP`).
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"SELECT MAX(id) FROM (SELECT id FROM {_qn(using, table)} WHERE id > %s ORDER BY id LIMIT %s) chunk",
+            [after, size],
+        )
+        end = cursor.fetchone()[0]
+        return None if end is None else int(end)
+
+
 def id_bounds(using: str, table: str, below: int | None = None) -> tuple[int, int]:
     """(smallest, highest) id of ``table`` (of its ids up to ``below``, when given); (0, 0) when there is none."""
     where = "" if below is None else f" WHERE id <= {int(below)}"
@@ -302,6 +352,13 @@ def oldest(using: str, table: str, column: str) -> datetime | None:
     if value is None:
         return None
     return _moment(value.isoformat()) if isinstance(value, datetime) else _moment(str(value))
+
+
+def count_after(using: str, table: str, after: int) -> int:
+    """How many rows of ``table`` have an id above ``after``."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT COUNT(*) FROM {_qn(using, table)} WHERE id > %s", [after])
+        return int(cursor.fetchone()[0])
 
 
 def drop_table(using: str, table: str) -> None:
@@ -344,18 +401,15 @@ def add_ranges(using: str, table: str, column: str, ranges: Sequence[Range], *, 
         qd = _qn(using, default)
         if has_rows(using, table, default, ranges[-1].upper, column):
             cursor.execute(f"ALTER TABLE {qt} DETACH PARTITION {qd}")
-            for r in ranges:
-                cursor.execute(_pg_partition(using, table, prefix, lower, r))
-                lower = r.upper
+            _pg_create_ranges(cursor, using, table, prefix, lower, ranges)
             listed = ", ".join(_qn(using, name) for name in columns(using, default))
             below = f"{_qn(using, column)} < {_literal(ranges[-1].upper)}"
             cursor.execute(f"INSERT INTO {qt} ({listed}) SELECT {listed} FROM {qd} WHERE {below}")
             cursor.execute(f"DELETE FROM {qd} WHERE {below}")
             cursor.execute(f"ALTER TABLE {qt} ATTACH PARTITION {qd} DEFAULT")
-            return
-        for r in ranges:
-            cursor.execute(_pg_partition(using, table, prefix, lower, r))
-            lower = r.upper
+        else:
+            _pg_create_ranges(cursor, using, table, prefix, lower, ranges)
+        _pg_name_partition_indexes(using, table)
 
 
 def drop_partitions(using: str, table: str, names: Sequence[str]) -> None:

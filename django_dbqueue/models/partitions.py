@@ -17,6 +17,7 @@ any point resumes with nothing lost or doubled. The vendor DDL is in
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -72,6 +73,15 @@ def check_granularity(granularity: str | None) -> None:
 
 
 @dataclass
+class Upkeep:
+    """What one upkeep did: the labels of the partitions created, the partitions dropped."""
+
+    created: list[str] = field(default_factory=list)
+    dropped: list[Partition] = field(default_factory=list)
+    plain: bool = False
+
+
+@dataclass
 class Plan:
     """What a conversion will do (``--dry-run`` prints it)."""
 
@@ -82,9 +92,15 @@ class Plan:
     rows_to_copy: int
     ranges: list[Range] = field(default_factory=list)
 
+    @property
+    def nothing_to_do(self) -> bool:
+        return not self.resuming and self.partitioned_now == (self.target is not None)
+
     def __str__(self) -> str:
         layout = f"partitioned {self.target}" if self.target else "plain (one table)"
         lines = [f"database {self.using!r}: the archive is {'partitioned' if self.partitioned_now else 'plain'}"]
+        if self.nothing_to_do:
+            return f"{lines[0]} already; nothing to convert"
         if self.resuming:
             lines.append(f"a conversion is under way: {self.rows_to_copy:,} old row(s) left to copy behind")
         else:
@@ -123,12 +139,11 @@ class ArchiveLayout:
 
     def plan(self, granularity: str | None) -> Plan:
         check_granularity(granularity)
-        if not ddl.supported(self.using):
-            ddl._vendor(self.using)  # raises, naming the database
+        ddl.require(self.using)
         resuming = self.converting()
         source = OLD_TABLE if resuming else ARCHIVE_TABLE
-        low, high = ddl.id_bounds(self.using, source)
-        left = high - self._copied_up_to(high) if resuming else high - low + 1 if high else 0
+        after = self._copied_up_to(ddl.id_bounds(self.using, OLD_TABLE)[1]) if resuming else 0
+        left = ddl.count_after(self.using, source, after)
         plan = Plan(self.using, granularity, self.partitioned(), resuming, left)
         if not resuming and granularity is not None:
             plan.ranges = self._ranges_for(granularity, ARCHIVE_TABLE)
@@ -149,8 +164,8 @@ class ArchiveLayout:
         to the layout the archive has, and SQLite.
         """
         check_granularity(granularity)
-        ddl._vendor(self.using)
-        with transactions.try_lock(self.using, transactions.lock_name(self.using, LOCK)) as held:
+        ddl.require(self.using)
+        with self._locked() as held:
             if not held:
                 raise InvalidOption("another process is converting the archive (or keeping its partitions) right now")
             if not self.converting():
@@ -176,19 +191,41 @@ class ArchiveLayout:
 
     def _copy_behind(self, chunk_size: int, on_chunk: Callable[[int], object] | None) -> int:
         names = ddl.columns(self.using, OLD_TABLE)
-        low, high = ddl.id_bounds(self.using, OLD_TABLE)
-        after = max(self._copied_up_to(high), low - 1)
+        high = ddl.id_bounds(self.using, OLD_TABLE)[1]
+        after = self._copied_up_to(high)
         total = 0
-        while after < high:
-            copied = ddl.copy_ids(self.using, OLD_TABLE, ARCHIVE_TABLE, names, after, after + chunk_size)
-            after += chunk_size
+        while (end := ddl.chunk_end(self.using, OLD_TABLE, after, chunk_size)) is not None:
+            copied = ddl.copy_ids(self.using, OLD_TABLE, ARCHIVE_TABLE, names, after, end)
+            after = end
             total += copied
             if on_chunk is not None:
                 on_chunk(copied)
         ddl.drop_old(self.using, ARCHIVE_TABLE, OLD_TABLE)
         return total
 
+    def _locked(self) -> AbstractContextManager[bool]:
+        """The lock that one conversion or one upkeep holds at a time."""
+        return transactions.try_lock(self.using, transactions.lock_name(self.using, LOCK))
+
     # --- upkeep --------------------------------------------------------------------
+
+    def upkeep(self, granularity: str, before: datetime | None) -> Upkeep:
+        """The reaper's step: partitions created ahead, and those wholly before ``before`` dropped (None: none).
+
+        Skipped while a conversion runs or another process keeps the
+        partitions, and on a plain archive (`Upkeep.plain`: the setting asks
+        for partitions the table does not have yet).
+        """
+        if not ddl.supported(self.using):
+            return Upkeep()  # SQLite: one table, always (docs/archive.md)
+        with self._locked() as held:
+            if not held or self.converting():
+                return Upkeep()
+            if not self.partitioned():
+                return Upkeep(plain=True)
+            created = self.ensure_ahead(granularity)
+            dropped = self.drop_before(before) if before is not None else []
+            return Upkeep(created=created, dropped=dropped)
 
     def ensure_ahead(self, granularity: str, now: datetime | None = None) -> list[str]:
         """Create the partitions missing from the last one to `AHEAD` periods past ``now``; their labels.
