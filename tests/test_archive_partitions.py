@@ -4,10 +4,14 @@ The server tests convert the test database's real archive and convert it
 back to the plain layout afterwards (the rollback is under test too).
 """
 
+import os
+import signal
 from datetime import UTC, datetime, timedelta
+from io import StringIO
 from zoneinfo import ZoneInfo
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection
 
 import django_dbqueue
@@ -15,7 +19,9 @@ from django_dbqueue.conf import find_problems
 from django_dbqueue.db.partitions import PartitioningUnsupported
 from django_dbqueue.models import ArchivedMessage, Message, Outcome
 from django_dbqueue.models.partitions import AHEAD, OLD_TABLE, ArchiveLayout, ranges
+from django_dbqueue.reaper import Reaper
 from tests.support.factories import ArchivedMessageFactory
+from tests.support.processes import start_command, wait_for
 
 servers = pytest.mark.skipif(
     connection.vendor == "sqlite", reason="SQLite has no table partitions; its archive stays one table"
@@ -204,3 +210,114 @@ def test_retention_drops_whole_partitions(layout):
     kept = set(ArchivedMessage.objects.values_list("pk", flat=True))
     assert kept == {row.pk for row in rows if row.finished_at >= gone[-1].upper}
     assert {rows[0].pk, rows[1].pk} <= kept
+
+
+@servers
+def test_the_reaper_creates_missing_partitions_and_drops_those_past_every_retention(layout, settings):
+    now = datetime.now(UTC)
+    old = [ArchivedMessageFactory(finished_at=now - timedelta(days=n)) for n in (0, 1, 5, 6)]
+    layout.convert("daily")
+    # The partitions ahead are gone, as if the reaper had not run for a week: tomorrow's rows go to the catch-all.
+    ahead = [p for p in layout.partitions() if p.upper is not None and p.upper > now + timedelta(days=1)]
+    from django_dbqueue.db import partitions as ddl
+
+    ddl.drop_partitions("default", "dbqueue_archive", [p.name for p in ahead])
+    tomorrow = ArchivedMessageFactory(finished_at=now + timedelta(days=1, minutes=1))
+    assert partition_of(tomorrow.pk) == layout.partitions()[-1].name
+    settings.DBQUEUE = {
+        **settings.DBQUEUE,
+        "ARCHIVE_PARTITIONS": "daily",
+        "RETENTION_DAYS": 3,
+        "QUEUES": {"short": {"RETENTION_DAYS": 1}},
+    }
+    report = Reaper().run_once()
+    assert report.partitions_created == len(ahead)
+    assert report.partitions_dropped >= 2  # the days of 5 and 6 days ago, and any emptier ones before them
+    assert label_of(partition_of(tomorrow.pk)) == f"p{tomorrow.finished_at:%Y%m%d}"
+    kept = set(ArchivedMessage.objects.values_list("pk", flat=True))
+    assert kept == {old[0].pk, old[1].pk, tomorrow.pk}
+    assert "archive partition(s) created" in str(report)
+    # A queue that keeps its rows for ever keeps every partition.
+    settings.DBQUEUE = {**settings.DBQUEUE, "QUEUES": {"forever": {"RETENTION_DAYS": None}}}
+    ArchivedMessageFactory(queue="forever", finished_at=now - timedelta(days=30))
+    assert Reaper().run_once().partitions_dropped == 0
+
+
+@servers
+def test_the_reaper_says_once_that_the_setting_asks_for_partitions_the_archive_lacks(layout, settings, caplog):
+    settings.DBQUEUE = {**settings.DBQUEUE, "ARCHIVE_PARTITIONS": "weekly"}
+    reaper = Reaper()
+    with caplog.at_level("WARNING", logger="django_dbqueue"):
+        reaper.run_once()
+        reaper.run_once()
+    told = [r.getMessage() for r in caplog.records if "one plain table" in r.getMessage()]
+    assert told == [
+        "reaper: ARCHIVE_PARTITIONS is 'weekly' but the archive on 'default' is one plain table; "
+        "convert it with manage.py partitionarchive (docs/archive.md)"
+    ]
+
+
+def test_partitionarchive_without_the_setting_says_what_to_set(transactional_db):
+    with pytest.raises(CommandError, match="ARCHIVE_PARTITIONS is None: set it to 'daily' or 'weekly'"):
+        call_command("partitionarchive")
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="the SQLite refusal")
+def test_partitionarchive_on_sqlite_names_the_database(transactional_db, settings):
+    settings.DBQUEUE = {**settings.DBQUEUE, "ARCHIVE_PARTITIONS": "daily"}
+    with pytest.raises(CommandError, match="'default' is SQLite, which has no table partitions"):
+        call_command("partitionarchive", "--dry-run")
+
+
+@servers
+def test_partitionarchive_dry_run_prints_the_plan_and_changes_nothing(layout, settings):
+    settings.DBQUEUE = {**settings.DBQUEUE, "ARCHIVE_PARTITIONS": "weekly"}
+    ArchivedMessageFactory.create_batch(3)
+    out = StringIO()
+    call_command("partitionarchive", "--dry-run", stdout=out)
+    assert "the archive is plain" in out.getvalue()
+    assert "1. create dbqueue_archive_partitioned empty, partitioned weekly" in out.getvalue()
+    assert "3. copy the 3 old row(s) behind" in out.getvalue()
+    assert not layout.partitioned() and not layout.converting()
+    call_command("partitionarchive", stdout=out)
+    assert "done: 3 old row(s) copied; the archive is partitioned" in out.getvalue()
+    out = StringIO()
+    call_command("partitionarchive", stdout=out)
+    assert "already; nothing to convert" in out.getvalue()
+    call_command("partitionarchive", "--rollback", stdout=out)
+    assert out.getvalue().endswith("done: 3 old row(s) copied; the archive is one plain table\n")
+    assert ArchivedMessage.objects.count() == 3
+
+
+@servers
+@pytest.mark.slow
+def test_a_conversion_killed_halfway_resumes_with_nothing_lost_or_doubled(layout):
+    """SIGKILL of the real command while it copies, enqueues and acks going on; a second run finishes the copy."""
+    now = datetime.now(UTC)
+    ArchivedMessage.objects.bulk_create(
+        ArchivedMessageFactory.build(finished_at=now - timedelta(days=n % 4, seconds=n)) for n in range(3000)
+    )
+    ids = set(ArchivedMessage.objects.values_list("pk", flat=True))
+    settings = '{"ARCHIVE_PARTITIONS": "daily"}'
+    command = start_command("partitionarchive", "--chunk-size", 5, DBQUEUE_TEST_SETTINGS=settings)
+    copied = wait_for(
+        lambda: layout.converting() and (n := ArchivedMessage.objects.count()) >= 300 and n,
+        timeout=120,
+        what="the conversion to copy a tenth of the rows",
+    )
+    os.kill(command.pid, signal.SIGKILL)
+    command.wait(timeout=30)
+    assert copied < 3000 and layout.converting()
+    # The queue keeps running meanwhile: acks land in the partitioned archive.
+    django_dbqueue.enqueue("partitions", {"during": True})
+    [message] = Message.objects.claim("partitions")
+    assert message.ack() is True
+    fresh = ArchivedMessage.objects.get(message_id=message.pk)
+    finish = start_command("partitionarchive", "--chunk-size", 50, DBQUEUE_TEST_SETTINGS=settings)
+    out, err = finish.communicate(timeout=300)
+    assert finish.returncode == 0, err
+    assert "a conversion is under way" in out
+    assert not layout.converting() and layout.partitioned()
+    found = list(ArchivedMessage.objects.values_list("pk", flat=True))
+    assert len(found) == len(set(found)) == 3001
+    assert set(found) == ids | {fresh.pk}

@@ -10,6 +10,7 @@ COMMANDS = {
     "exportarchive": ["--out=unused"],
     "queueanalytics": [],
     "queuebench": [],
+    "partitionarchive": [],
 }
 
 
