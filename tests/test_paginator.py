@@ -1,6 +1,7 @@
 """The admin's lists stay off ``COUNT(*)`` on large tables (django_dbqueue.paginator)."""
 
 import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -137,4 +138,5 @@ def test_lists_walk_their_index(model, index):
         else:
             cursor.execute(f"EXPLAIN {sql}", params)
             plan = "\n".join(row[0] for row in cursor.fetchall())
-            assert index in plan and "Sort" not in plan, plan
+            # No Sort node; a partitioned archive's Merge Append names its "Sort Key" but sorts nothing.
+            assert index in plan and not re.search(r"(^|->)\s*Sort\s+\(", plan, re.MULTILINE), plan
