@@ -23,6 +23,7 @@ from .db.transactions import write_transaction
 from .exceptions import InvalidOption
 from .models import Message, WorkflowRun
 from .models import workflows as steps_table
+from .models.flow import UNTIL_FINISHED
 from .operations import build_message
 from .schedules.spec import SCHEDULE_HEADER, SLOT_HEADER
 
@@ -30,12 +31,8 @@ __all__ = ["MAX_STEPS", "Dep", "Step", "Workflow", "chain", "chord", "group", "s
 
 MAX_STEPS = steps_table.MAX_STEPS
 NAME_MAX_LENGTH = 200
-# Options a step may not take: a step's message is its own, found again by its id (no key rules),
-# and every step lives on the workflow's database (enqueue's using=).
+# Options a step may not take: every step lives on the workflow's database (enqueue's using=).
 REFUSED = {
-    "key": "a step's message cannot be keyed (a live key would make another message the step)",
-    "unique": "a step's message cannot take unique= (it needs a key)",
-    "debounce": "a step's message cannot take debounce= (it needs a key)",
     "using": "give using= to Workflow.enqueue(): every step lives on the workflow's database",
 }
 
@@ -219,9 +216,11 @@ class Workflow:
                 raise type(exc)(f"step {step.name!r}: {exc}") from exc
             if database_for(queue) != database and using is None:
                 raise InvalidOption(f"step {step.name!r}: queue {queue!r} lives on another database")
-            delay = options.get("delay")
-            if delay is not None:
-                options["delay"] = validation.seconds(delay, "delay")
+            for name in ("delay", "debounce"):  # kept as JSON: durations as seconds
+                if options.get(name) is not None:
+                    options[name] = validation.seconds(options[name], name)
+            if options.get("unique") not in (None, UNTIL_FINISHED):
+                options["unique"] = validation.seconds(options["unique"], "unique")
             kind = options.pop("kind", "") or ""
             steps.append(
                 {

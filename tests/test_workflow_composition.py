@@ -10,12 +10,14 @@ from datetime import timedelta
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
 
 import django_dbqueue
 from django_dbqueue import Step, Workflow, outbox, running
 from django_dbqueue import workflows as builder
 from django_dbqueue.exceptions import InvalidOption
 from django_dbqueue.models import ArchivedMessage, Message, Outcome, WorkflowEdge, WorkflowRun, WorkflowStep
+from django_dbqueue.reaper import Reaper
 from django_dbqueue.schedules.scheduler import Scheduler
 from tests.support.schedules import Clock, at
 from tests.testapp.models import Order
@@ -268,3 +270,171 @@ def test_steps_on_a_rate_limited_queue_keep_to_the_rate_and_the_workflow_finishe
         within = [t for t in claimed_at if start <= t < start + timedelta(seconds=1)]
         assert len(within) <= 3, f"{len(within)} claims within a second from {start}"
     assert WorkflowRun.objects.get(pk=run.pk).outcome == "succeeded"
+
+
+# --- keyed steps ------------------------------------------------------------------------------------
+
+
+def status_of(run):
+    return {s["name"]: (s["state"], s["reason"]) for s in Workflow.status(run.pk)["steps"]}
+
+
+def claim_step(name):
+    claimed = django_dbqueue.claim(Q, 100)
+    mine = [m for m in claimed if (m.headers or {}).get("dbqueue_step", [None, None])[1] == name]
+    for other in claimed:
+        if other not in mine:
+            other.release()
+    assert len(mine) == 1, [m.headers for m in claimed]
+    return mine[0]
+
+
+def test_a_keyed_step_is_enqueued_with_its_key_and_runs_as_any_step():
+    workflow = Workflow("keyed")
+    workflow.chain(Step("a", Q, {}, key="report:7"), Step("b", Q))
+    run = workflow.enqueue()
+    assert Message.objects.get().key == "report:7"
+    claim_step("a").ack()
+    claim_step("b").ack()
+    run.refresh_from_db()
+    assert run.outcome == "succeeded"
+
+
+def test_a_step_whose_key_is_live_is_cancelled_naming_the_message_and_its_dependents_follow():
+    holder = django_dbqueue.enqueue(Q, {"someone": "else"}, key="report:7")
+    workflow = Workflow("keyed")
+    workflow.chain(Step("a", Q, {}, key="report:7"), Step("b", Q), Step("c", Q))
+    run = workflow.enqueue()
+    assert status_of(run) == {
+        "a": ("cancelled", f"not enqueued: key 'report:7' is held by live message {holder.pk}"),
+        "b": ("cancelled", "dependency 'a' ended cancelled"),
+        "c": ("cancelled", "dependency 'a' ended cancelled"),
+    }
+    run.refresh_from_db()
+    assert (run.state, run.outcome) == ("finished", "failed")
+    assert list(Message.objects.values_list("pk", flat=True)) == [holder.pk]  # the holder untouched
+
+
+def test_ignore_cancelled_lets_the_steps_after_a_refused_key_run():
+    django_dbqueue.enqueue(Q, {}, key="k")
+    workflow = Workflow("keyed")
+    workflow.add("a", Q, {}, key="k")
+    workflow.add("b", Q, {}, after=["a"], ignore_cancelled=True)
+    run = workflow.enqueue()
+    assert status_of(run)["b"] == ("enqueued", "")
+
+
+def test_a_step_released_by_its_parent_meets_its_key_when_it_becomes_ready():
+    workflow = Workflow("later")
+    workflow.chain(Step("a", Q), Step("b", Q, {}, key="k"), Step("c", Q))
+    run = workflow.enqueue()
+    holder = django_dbqueue.enqueue(Q, {}, key="k")  # taken while b waits
+    claim_step("a").ack()
+    assert status_of(run)["b"] == ("cancelled", f"not enqueued: key 'k' is held by live message {holder.pk}")
+    assert status_of(run)["c"] == ("cancelled", "dependency 'b' ended cancelled")
+    run.refresh_from_db()
+    assert (run.state, run.outcome, run.open_steps) == ("finished", "failed", 0)
+
+
+def test_two_steps_of_one_workflow_with_one_key_the_first_declared_runs():
+    workflow = Workflow("twins")
+    workflow.group(Step("a", Q, {}, key="k"), Step("b", Q, {}, key="k"), Step("c", Q))
+    run = workflow.enqueue()
+    a = Message.objects.get(key="k")
+    assert a.headers["dbqueue_step"][1] == "a"
+    assert status_of(run)["b"] == ("cancelled", f"not enqueued: key 'k' is held by live message {a.pk}")
+    assert status_of(run)["c"] == ("enqueued", "")
+
+
+def test_a_steps_unique_window_refuses_it_after_the_keys_message_finished():
+    first = Workflow("w1")
+    first.add("a", Q, {}, key="daily", unique=timedelta(minutes=10))
+    one = first.enqueue()
+    claim_step("a").ack()  # finished: only the window holds the key now
+    second = Workflow("w2")
+    second.add("a", Q, {}, key="daily", unique=timedelta(minutes=10))
+    two = second.enqueue()
+    assert status_of(one)["a"][0] == "acked"
+    assert status_of(two)["a"] == ("cancelled", "not enqueued: key 'daily' was taken less than its unique window ago")
+
+
+def test_a_debounced_step_replaces_the_keys_waiting_message_and_that_message_runs_it():
+    waiting = django_dbqueue.enqueue(Q, {"old": True}, key="reindex", debounce=timedelta(seconds=30))
+    workflow = Workflow("debounced")
+    workflow.chain(Step("a", Q, {"new": True}, key="reindex", debounce=timedelta(seconds=30)), Step("b", Q))
+    run = workflow.enqueue()
+    [message] = Message.objects.all()
+    assert message.pk == waiting.pk and message.payload == {"new": True}  # the last write wins
+    assert Workflow.status(run.pk)["steps"][0]["message_id"] == waiting.pk
+    assert django_dbqueue.claim(Q) == []  # due 30 s after the last enqueue
+    Message.objects.filter(pk=message.pk).update(available_at=timezone.now() - timedelta(seconds=1))
+    claim_step("a").ack()
+    claim_step("b").ack()
+    run.refresh_from_db()
+    assert run.outcome == "succeeded"
+
+
+def test_a_debounced_step_whose_keys_message_runs_is_cancelled():
+    django_dbqueue.enqueue(Q, {}, key="reindex", debounce=timedelta(seconds=30))
+    Message.objects.update(available_at=timezone.now() - timedelta(seconds=1))
+    [running_one] = django_dbqueue.claim(Q)
+    workflow = Workflow("debounced")
+    workflow.add("a", Q, {}, key="reindex", debounce=timedelta(seconds=30))
+    run = workflow.enqueue()
+    assert status_of(run)["a"] == ("cancelled", f"not enqueued: key 'reindex' is held by live message {running_one.pk}")
+
+
+def test_a_steps_message_replaced_by_another_producers_debounce_is_cancelled_by_the_reaper():
+    workflow = Workflow("replaced")
+    workflow.chain(Step("a", Q, {}, key="k", debounce=timedelta(seconds=30)), Step("b", Q))
+    run = workflow.enqueue()
+    django_dbqueue.enqueue(Q, {"plain": True}, key="k", debounce=timedelta(seconds=30))  # replaces a's message
+    Message.objects.update(available_at=timezone.now() - timedelta(seconds=1))
+    [message] = django_dbqueue.claim(Q)
+    assert message.payload == {"plain": True} and "dbqueue_step" not in message.headers
+    message.ack()  # it ran as the other producer's
+    assert status_of(run)["a"][0] == "enqueued"
+    assert Reaper().run_once().steps_settled == 1
+    state, reason = status_of(run)["a"]
+    assert (state, reason) == (
+        "cancelled",
+        f"its message {message.pk} ran as another's: an enqueue with debounce on its key replaced it",
+    )
+    assert status_of(run)["b"] == ("cancelled", "dependency 'a' ended cancelled")
+    run.refresh_from_db()
+    assert (run.state, run.outcome) == ("finished", "failed")
+
+
+def test_a_steps_message_moved_to_another_group_by_a_debounce_is_cancelled_by_the_reaper():
+    workflow = Workflow("moved")
+    workflow.add("a", Q, {}, key="k", group="g1", debounce=timedelta(seconds=30))
+    run = workflow.enqueue()
+    moved = django_dbqueue.enqueue(Q, {}, key="k", group="g2", debounce=timedelta(seconds=30))  # a new row
+    assert not Message.objects.filter(headers__has_key="dbqueue_step").exists()
+    assert Reaper().run_once().steps_settled == 1
+    assert status_of(run)["a"][0] == "cancelled"
+    assert "left the queue without an archive row" in status_of(run)["a"][1]
+    assert Message.objects.get().pk == moved.pk
+
+
+def test_keyed_steps_in_a_fifo_group_take_their_turn_behind_the_groups_earlier_message(settings):
+    settings.DBQUEUE = {"QUEUES": {"wfc-ledger": {"ORDERED": True}}}
+    earlier = django_dbqueue.enqueue("wfc-ledger", {"first": True}, group="acct")
+    workflow = Workflow("ledger")
+    workflow.group(
+        Step("x", "wfc-ledger", {}, key="entry:x", group="acct"),
+        Step("y", "wfc-ledger", {}, key="entry:y", group="acct"),
+    )
+    run = workflow.enqueue()
+    order = []
+    for _ in range(5):
+        claimed = django_dbqueue.claim("wfc-ledger", 10)
+        if not claimed:
+            break
+        assert len(claimed) == 1
+        order.append("earlier" if claimed[0].pk == earlier.pk else claimed[0].headers["dbqueue_step"][1])
+        assert claimed[0].key in (None, "entry:x", "entry:y")
+        claimed[0].ack()
+    assert order == ["earlier", "x", "y"]
+    run.refresh_from_db()
+    assert run.outcome == "succeeded"

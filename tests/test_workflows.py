@@ -86,7 +86,11 @@ def bad(*build):
         (lambda: bad(lambda w: w.add("a", Q, colour="red")), UnknownOption, "unknown enqueue option"),
         (lambda: bad(lambda w: w.add("a", Q, {"x": object()})), PayloadNotSerializable, "step 'a'"),
         (lambda: bad(lambda w: w.add("a", "bad queue name!")), Exception, "step 'a'"),
-        (lambda: bad(lambda w: w.add("a", Q, key="k")), InvalidOption, "cannot be keyed"),
+        (
+            lambda: bad(lambda w: w.add("a", Q, debounce=30)),
+            InvalidOption,
+            "step 'a': unique windows and debounce work on a key",
+        ),
         (lambda: bad(lambda w: w.add("a", Q, using="default")), InvalidOption, "give using= to Workflow.enqueue()"),
         (lambda: bad(lambda w: w.add("", Q)), InvalidOption, "step name must be a non-empty string"),
         (lambda: bad(lambda w: w.add("a", Q, after=["a", "a"])), InvalidOption, "twice"),

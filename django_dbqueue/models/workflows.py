@@ -297,7 +297,9 @@ def create(
         batch_size=500,
     )
     roots = WorkflowStep.objects.using(using).filter(workflow_id=run.pk, pending=0).order_by("position")
-    _enqueue_steps(using, list(roots))
+    refused = _enqueue_steps(using, list(roots))
+    if refused:  # keyed roots whose key kept them out: settled as cancelled, their dependents decided
+        _propagate(using, run.pk, [(name, Outcome.CANCELLED, None) for name in refused])
     run.refresh_from_db(using=using, fields=["created_at"])  # the database's time, not the expression that set it
     return run
 
@@ -311,11 +313,18 @@ def step_options(step: WorkflowStep) -> dict[str, Any]:
     return options
 
 
-def _enqueue_steps(using: str, ready: Sequence[WorkflowStep]) -> None:
+def _enqueue_steps(using: str, ready: Sequence[WorkflowStep]) -> list[str]:
     """Enqueue ``ready`` steps' messages through the one insert path and note them on the steps (the caller's
-    transaction): one multi-row INSERT where the database returns its ids, else one INSERT per step."""
+    transaction): one multi-row INSERT where the database returns its ids, else one INSERT per step.
+
+    A keyed step whose key's rules keep its message out (the key is live,
+    its unique window is open, or its debounce found the key's message
+    running) is cancelled with the reason; returns the names of those steps,
+    for the caller to settle their dependents. A debounce that replaced the
+    key's waiting message makes that message the step's.
+    """
     if not ready:
-        return
+        return []
     model = message_model()
     built = []
     for step in ready:
@@ -329,12 +338,36 @@ def _enqueue_steps(using: str, ready: Sequence[WorkflowStep]) -> None:
         messages = [live.insert_into(using, message, delay) for message, delay in built]
         events.enqueued(messages, using)
     steps = WorkflowStep.objects.using(using)
-    if len(ready) == 1:
-        steps.filter(pk=ready[0].pk).update(state=StepState.ENQUEUED, message_id=messages[0].pk, pending=0)
-        return
-    for step, message in zip(ready, messages, strict=True):
-        step.state, step.message_id, step.pending = StepState.ENQUEUED, message.pk, 0
-    steps.bulk_update(ready, ["state", "message_id", "pending"], batch_size=500)
+    pairs = list(zip(ready, messages, strict=True))
+    kept = [(step, message) for step, message in pairs if _ours(step, message)]
+    refused = [(step, _key_refusal(step, message)) for step, message in pairs if not _ours(step, message)]
+    for step, reason in refused:
+        steps.filter(pk=step.pk).update(state=StepState.CANCELLED, pending=0, reason=reason, finished_at=DbNow())
+    if len(kept) == 1:
+        steps.filter(pk=kept[0][0].pk).update(state=StepState.ENQUEUED, message_id=kept[0][1].pk, pending=0)
+    elif kept:
+        for step, message in kept:
+            step.state, step.message_id, step.pending = StepState.ENQUEUED, message.pk, 0
+        steps.bulk_update([step for step, _ in kept], ["state", "message_id", "pending"], batch_size=500)
+    return [step.name for step, _ in refused]
+
+
+def _ours(step: WorkflowStep, message: LiveMessage) -> bool:
+    """Whether the message the insert path returned for ``step`` runs it: it carries the step's own header.
+
+    A created message does; so does the key's waiting message that a
+    debounce replaced (payload and headers). A live message the key ran
+    into is another's.
+    """
+    return message.pk is not None and step_of(message) == (step.workflow_id, step.name)
+
+
+def _key_refusal(step: WorkflowStep, message: LiveMessage) -> str:
+    """Why a keyed step got no message of its own (it is cancelled with this reason)."""
+    key = step_options(step).get("key")
+    if message.pk is None:
+        return f"not enqueued: key {key!r} was taken less than its unique window ago"
+    return f"not enqueued: key {key!r} is held by live message {message.pk}"
 
 
 # --- the join ---------------------------------------------------------------------------
@@ -454,8 +487,9 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
                     stop[child] = min(stop.get(child, (origin, reason)), (origin, reason))
             going = sorted(child for child in go if child not in stop)
             children = [(step, go[step.name]) for step in waiting.filter(name__in=going)] if going else []
-        _release(using, steps, children)
-        wave = []
+        wave = [(name, Outcome.CANCELLED, None) for name in _release(using, steps, children)]  # keys refused
+        closed += len(wave)
+        failed += len(wave)
         if stop:
             doomed = list(
                 steps.select_for_update()
@@ -475,8 +509,10 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
     _close(using, workflow_id, closed, failed)
 
 
-def _release(using: str, steps: models.QuerySet[WorkflowStep], children: list[tuple[WorkflowStep, int]]) -> None:
-    """Take ``n`` settled dependencies off each locked waiting child; enqueue those left with none."""
+def _release(using: str, steps: models.QuerySet[WorkflowStep], children: list[tuple[WorkflowStep, int]]) -> list[str]:
+    """Take ``n`` settled dependencies off each locked waiting child; enqueue those left with none.
+
+    Returns the names of those a key kept out (cancelled: `_enqueue_steps`)."""
     by_count: dict[int, list[int]] = defaultdict(list)
     ready = []
     for step, n in children:
@@ -486,7 +522,7 @@ def _release(using: str, steps: models.QuerySet[WorkflowStep], children: list[tu
             by_count[n].append(step.pk)
     for n, pks in sorted(by_count.items()):
         steps.filter(pk__in=pks).update(pending=F("pending") - n)
-    _enqueue_steps(using, ready)
+    return _enqueue_steps(using, ready)
 
 
 def _close(using: str, workflow_id: int, closed: int, failed: int) -> None:
@@ -654,35 +690,53 @@ def reopen(using: str, headers: Any, old_message_id: int, new_message_id: int) -
     )
 
 
-def unsettled(using: str, archive: Any, limit: int) -> list[tuple[int, str, str, Any]]:
-    """Up to ``limit`` enqueued steps whose message is archived: (message id, outcome, headers, result).
+def unsettled(using: str, limit: int) -> list[tuple[int, str, int]]:
+    """Up to ``limit`` enqueued steps whose message left the live table: (workflow id, step name, message id).
 
-    Every finishing path settles its step in its own transaction; this finds
-    what a path outside them (a plain SQL consumer) left, by the step's
-    state and message id (indexed) and the archive's message id (indexed).
+    Every finishing path settles its step in the transaction that removes
+    its message; this finds what was left by a path outside them (a plain
+    SQL consumer) or by a producer's debounce that replaced the step's
+    waiting message. One statement, by the steps' (state, message_id) index
+    and the live table's primary key.
     """
-    ids = list(
+    live = message_model().objects.using(using)
+    rows = (
         WorkflowStep.objects.using(using)
         .filter(state=StepState.ENQUEUED)
-        .filter(Exists(archive.filter(message_id=OuterRef("message_id"))))  # per step, by the archive's index
+        .exclude(Exists(live.filter(pk=OuterRef("message_id"))))
         .order_by("message_id")
-        .values_list("message_id", flat=True)[:limit]
+        .values_list("workflow_id", "name", "message_id")[:limit]
     )
-    rows = archive.filter(message_id__in=ids).order_by("id").values_list("message_id", "outcome", "headers", "result")
-    return [tuple(row) for row in rows]
+    return [(workflow_id, name, message_id) for workflow_id, name, message_id in rows if message_id is not None]
 
 
 def sweep(using: str, archive: Any, limit: int) -> int:
-    """Settle enqueued steps whose message was archived without settling them; one transaction per step."""
+    """Settle enqueued steps whose message left the live table without settling them; one transaction per step.
+
+    As the archive row says when it ran as the step; else the step is
+    cancelled, naming why: its message ran as another's (a debounce with its
+    key replaced the waiting message's payload and headers), or left without
+    an archive row (moved to another group by a debounce, deleted, or on a
+    queue with ``ARCHIVE = False``).
+    """
     done = 0
-    for message_id, outcome, headers, result in unsettled(using, archive, limit):
-        ref = step_ref(headers)
-        if ref is None:
-            continue
+    for workflow_id, name, message_id in unsettled(using, limit):
+        row = archive.filter(message_id=message_id).order_by("-id").values_list("outcome", "headers", "result").first()
+        if row is not None and step_ref(row[1]) == (workflow_id, name):
+            outcome, result, reason = row[0], row[2], "settled by the reaper's sweep"
+        elif row is not None:
+            outcome, result = Outcome.CANCELLED, None
+            reason = f"its message {message_id} ran as another's: an enqueue with debounce on its key replaced it"
+        else:
+            outcome, result = Outcome.CANCELLED, None
+            reason = (
+                f"its message {message_id} left the queue without an archive row "
+                "(replaced by an enqueue with debounce on its key, deleted, or on a queue with ARCHIVE off)"
+            )
 
         def run() -> None:
             with write_transaction(using):
-                settle_step(using, ref, message_id, outcome, result, "settled by the reaper's sweep")  # noqa: B023
+                settle_step(using, (workflow_id, name), message_id, outcome, result, reason)  # noqa: B023
 
         with_retries(using, run, what="workflow sweep")
         done += 1
