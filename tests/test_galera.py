@@ -292,25 +292,45 @@ def test_multi_writer_conflicts_cost_retries_not_messages(cluster, workers, tmp_
     )
 
 
-def test_a_partitioned_node_refuses_with_1047_and_the_workers_go_on_through_the_others(cluster, workers, tmp_path):
-    """The writing node is cut off from its peers mid-drain: it refuses with 1047, HAProxy moves the workers on."""
-    count, marks = 4_000, tmp_path / "marks"
+def drain_through_a_cut(cluster, workers, tmp_path, cut: str, during=None):
+    """Drain 3,000 messages through HAProxy, cutting the writing node (``partition`` or ``isolate``) after a quarter.
+
+    ``during(node)`` runs while the node is cut off; it returns what the test
+    asserts on. Returns that, and the seconds without progress after the cut.
+    """
+    count, marks = 3_000, tmp_path / "marks"
     produce(count)
     writer = writing_node()
     with Progress(cluster, 3 if writer != 3 else 2) as progress:
         processes = start_workers(workers, [os.environ["DATABASE_URL"]] * 2, marks)
         wait_for(lambda: progress.archived() >= count // 4, timeout=120, interval=0.2, what="a quarter archived")
         cut_at = time.monotonic()
-        cluster("partition", writer)
-        refused = wait_for(lambda: refusal(cluster, writer), timeout=60, interval=0.5, what="the node to refuse")
+        cluster(cut, writer)
+        seen = during(writer) if during else None
         wait_for(lambda: progress.archived() >= count, timeout=180, interval=0.2, what="every message archived")
     log = stop_workers(workers, processes)
     cluster("heal", writer)
-    assert errors.mysql_code(refused) == 1047 and "WSREP has not yet prepared node" in str(refused)
-    assert errors.is_transient(as_django(refused), "default")
     twice = assert_each_acked_once(cluster, count, marks)
-    assert "retrying" in log
-    print(f"node {writer} partitioned: {progress.longest_stall(cut_at):.1f} s without progress, {twice} run twice")
+    assert "retrying" in log  # the workers met the cut as weather and went on
+    stall = progress.longest_stall(cut_at)
+    print(f"node {writer} ({cut}): {stall:.1f} s without progress, {twice} message(s) run twice")
+    return seen
+
+
+def test_a_partitioned_node_refuses_with_1047_and_the_workers_go_on_through_the_others(cluster, workers, tmp_path):
+    """The writing node is cut off from its peers mid-drain: it refuses with 1047, HAProxy moves the workers on."""
+
+    def refused(node):
+        return wait_for(lambda: refusal(cluster, node), timeout=60, interval=0.5, what="the node to refuse")
+
+    error = drain_through_a_cut(cluster, workers, tmp_path, "partition", refused)
+    assert errors.mysql_code(error) == 1047 and "WSREP has not yet prepared node" in str(error)
+    assert errors.is_transient(as_django(error), "default")
+
+
+def test_an_isolated_node_loses_its_connections_and_the_workers_go_on_through_the_others(cluster, workers, tmp_path):
+    """The writing node's link goes down mid-drain: no answer, no reset; HAProxy's checks fail and it cuts them."""
+    drain_through_a_cut(cluster, workers, tmp_path, "isolate")
 
 
 def test_the_reapers_lock_is_local_to_a_node_and_reapers_racing_archive_each_message_once(cluster):
