@@ -175,3 +175,34 @@ def test_workflows_drains_a_chain_and_a_fan_out_against_plain_messages(monkeypat
     # It cleans up after itself, workflows included.
     assert not WorkflowRun.objects.filter(name__startswith="queuebench.").exists()
     assert not ArchivedMessage.objects.filter(queue__startswith="queuebench.").exists()
+
+
+def test_the_archive_phase_drops_partitions_against_deleting_rows(monkeypatch, capsys):
+    """Both layouts remove the same rows; the partitioned one deletes none row by row; the archive is left as found."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no partitions: the phase says so and measures nothing")
+    monkeypatch.setenv("DBQUEUE_TEST_DATABASE_NAME", str(connection.settings_dict["NAME"]))
+    call_command(
+        "queuebench",
+        "--phases=archive",
+        "--history-rows=6000",
+        "--history-days=6",
+        "--messages=200",
+        "--workers=2",
+        "--json",
+    )
+    report = json.loads(capsys.readouterr().out)
+    retention, dropping, deleting = report["results"]
+    assert retention["phase"] == "archive retention: drop vs DELETE (6,000 rows, 6 days, keep 3)"
+    delete, drop = retention["extra"]["delete"], retention["extra"]["drop"]
+    assert delete["rows"] == drop["rows"] == 6000
+    assert delete["rows_removed"] == drop["rows_removed"] == delete["rows_deleted"] >= 2000
+    assert drop["rows_deleted"] == 0 and drop["partitions_dropped"] >= 2 and delete["partitions_dropped"] == 0
+    assert retention["ours"] > 0 and retention["baseline"] > 0
+    assert dropping["ours"] > 0 and dropping["baseline"] > 0 and deleting["ours"] > 0
+    garbage = "dead_tuples_after" if connection.vendor == "postgresql" else "innodb_history_list_length_after"
+    assert delete[garbage] is not None and delete["bytes_before"] > 0
+    from django_dbqueue.models.partitions import ArchiveLayout
+
+    assert not ArchiveLayout().partitioned()
+    assert not ArchivedMessage.objects.filter(queue__startswith="queuebench").exists()

@@ -149,17 +149,24 @@ class ArchiveLayout:
             plan.ranges = self._ranges_for(granularity, ARCHIVE_TABLE)
         return plan
 
-    def _ranges_for(self, granularity: str, source: str) -> list[Range]:
-        """From the oldest row's period (the old rows get their own partitions) to `AHEAD` periods past now."""
+    def _ranges_for(self, granularity: str, source: str, since: datetime | None = None) -> list[Range]:
+        """From the oldest row's period (or ``since``'s, if older) to `AHEAD` periods past now."""
         now = db_now(self.using)
         oldest = ddl.oldest(self.using, source, PARTITION_COLUMN) or now
-        return ranges(granularity, self.zone, min(oldest, now), horizon(granularity, now))
+        return ranges(granularity, self.zone, min(oldest, now, since or now), horizon(granularity, now))
 
     def convert(
-        self, granularity: str | None, chunk_size: int = DEFAULT_CHUNK, on_chunk: Callable[[int], object] | None = None
+        self,
+        granularity: str | None,
+        chunk_size: int = DEFAULT_CHUNK,
+        on_chunk: Callable[[int], object] | None = None,
+        *,
+        since: datetime | None = None,
     ) -> int:
         """Convert the archive to ``granularity`` (None: plain) or resume the conversion under way; rows copied.
 
+        The partitions start at the oldest row's period, or at ``since``'s
+        when that is older (history about to be loaded).
         Refuses a second conversion at once (a database lock), a conversion
         to the layout the archive has, and SQLite.
         """
@@ -172,14 +179,14 @@ class ArchiveLayout:
                 if self.partitioned() == (granularity is not None):
                     now = "partitioned" if granularity else "plain"
                     raise InvalidOption(f"the archive on {self.using!r} is {now} already; nothing to convert")
-                self._start(granularity)
+                self._start(granularity, since)
             return self._copy_behind(chunk_size, on_chunk)
 
-    def _start(self, granularity: str | None) -> None:
+    def _start(self, granularity: str | None, since: datetime | None = None) -> None:
         staging = STAGING[granularity is not None]
         if ddl.exists(self.using, staging):  # a conversion killed before its swap: nothing was written to it
             ddl.drop_table(self.using, staging)
-        planned = self._ranges_for(granularity, ARCHIVE_TABLE) if granularity else None
+        planned = self._ranges_for(granularity, ARCHIVE_TABLE, since) if granularity else None
         ddl.create_like(
             self.using, ARCHIVE_TABLE, staging, column=PARTITION_COLUMN, ranges=planned, prefix=ARCHIVE_TABLE
         )

@@ -169,3 +169,59 @@ def table_size(using: str, table: str) -> dict[str, int | None]:
             data, index, free = cursor.fetchone()
             return {"table_bytes": int(data), "index_bytes": int(index), "free_bytes": int(free)}
     return {"table_bytes": None, "index_bytes": None}
+
+
+# A table and its partitions, if any (pg_partition_tree lists nothing for a plain table).
+TREE = "SELECT CAST(%s AS regclass) AS relid UNION SELECT relid FROM pg_partition_tree(%s)"
+
+
+def archive_garbage(using: str, table: str) -> dict[str, int | None]:
+    """What a retention pass leaves for the server to clean up, from its own statistics.
+
+    InnoDB: the history list length (undo records not yet purged, server
+    wide, from ``information_schema.INNODB_METRICS``). PostgreSQL: the dead
+    tuples of the table and its partitions (``pg_stat_user_tables``).
+    """
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SELECT `COUNT` FROM information_schema.INNODB_METRICS WHERE NAME = 'trx_rseg_history_len'")
+            row = cursor.fetchone()
+            return {"innodb_history_list_length": None if row is None else int(row[0])}
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"SELECT COALESCE(SUM(s.n_dead_tup), 0) FROM ({TREE}) t "
+                "JOIN pg_stat_user_tables s ON s.relid = t.relid",
+                [table, table],
+            )
+            return {"dead_tuples": int(cursor.fetchone()[0])}
+    return {}
+
+
+def archive_bytes(using: str, table: str) -> int | None:
+    """Bytes on disk of ``table`` with its indexes, all its partitions summed (None on SQLite)."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"SELECT SUM(pg_total_relation_size(relid)) FROM ({TREE}) t", [table, table])
+            return int(cursor.fetchone()[0] or 0)
+        if connection.vendor == "mysql":
+            cursor.execute(f"ANALYZE TABLE {connection.ops.quote_name(table)}")
+            cursor.fetchall()
+            cursor.execute(
+                "SELECT SUM(DATA_LENGTH + INDEX_LENGTH) FROM information_schema.PARTITIONS "
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+                [table],
+            )
+            return int(cursor.fetchone()[0] or 0)
+    return None
+
+
+def truncate(using: str, table: str) -> None:
+    """Empty ``table`` at once (the benchmark's own history, which nobody else's rows share)."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute(f"DELETE FROM {connection.ops.quote_name(table)}")
+        else:
+            cursor.execute(f"TRUNCATE TABLE {connection.ops.quote_name(table)}")

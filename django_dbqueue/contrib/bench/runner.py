@@ -30,7 +30,7 @@ from django.db import connections
 from django.db.models import Max, Min
 from django.test.utils import override_settings
 
-from ...conf import database_for
+from ...conf import database_for, get_settings
 from ...db import vendor
 from ...db.stats import refresh_statistics
 from ...management.arguments import cpu_count
@@ -62,9 +62,10 @@ PHASES = (
     "idle",
     "async_io",
     "workflows",
+    "archive",
 )
 # Phases run only when asked for (--phases): they take minutes at their default sizes, or long waits.
-OPT_IN_PHASES = ("soak", "idle", "async_io", "workflows", "admin_workflows")
+OPT_IN_PHASES = ("soak", "idle", "async_io", "workflows", "admin_workflows", "archive")
 DEFAULT_PHASES = tuple(phase for phase in PHASES if phase not in OPT_IN_PHASES)
 PREFIX = "queuebench."
 GROUPS_QUEUE = PREFIX + "groups"
@@ -100,6 +101,8 @@ class BenchConfig:
     cpu_messages: int = 400  # the cpu_bound phase: messages of CPU_MS each
     io_messages: int = 2_000  # the async_io phase: messages of IO_MS each
     nudges: bool = True  # False: workers wait for their poll only (MySQL/MariaDB, SQLite)
+    history_rows: int = 1_000_000  # the archive phase: archived rows over history_days days
+    history_days: int = 60
 
 
 @dataclass
@@ -486,6 +489,39 @@ class QueueBench:
                 self._page_ms(Paginator, one_queue),
                 extra,
             ),
+        ]
+
+    def phase_archive(self) -> list[Result]:
+        """Retention of half of --history-days: dropping partitions against the reaper's batched DELETE."""
+        from ...db.partitions import supported
+        from .retention import RetentionBench
+
+        if not supported(self.using):
+            self.say("archive: skipped, SQLite has no partitions")
+            return []
+        workers, batch = self.config.workers, self.config.batch_size
+
+        def drain() -> float:
+            return self._drain("orm-worker", workers=workers, batch_size=batch, messages=self.config.messages)[0]
+
+        rows, days = self.config.history_rows, self.config.history_days
+        self.say(f"archive: {rows:,} archived rows over {days} days, each layout in turn")
+        bench = RetentionBench(self.using, rows, days, get_settings().reap_batch_size, drain, self.fill)
+        measured = bench.run()
+        delete, drop = measured["delete"], measured["drop"]
+        sizes = f"{rows:,} rows, {days} days, keep {days - days // 2}"
+        return [
+            Result(
+                f"archive retention: drop vs DELETE ({sizes})",
+                drop["retention_seconds"],
+                "s",
+                delete["retention_seconds"],
+                {"delete": delete, "drop": drop},
+            ),
+            Result(
+                "drain during retention: partitions dropped", drop["drain_during"], "messages/s", drop["drain_quiet"]
+            ),
+            Result("drain during retention: rows deleted", delete["drain_during"], "messages/s", delete["drain_quiet"]),
         ]
 
     def phase_admin_workflows(self) -> list[Result]:
@@ -906,6 +942,21 @@ def as_table(results: list[Result], config: BenchConfig) -> str:
                 f"{'':<4}baseline here is {CPU_BASELINE}, not raw SQL; a handler of "
                 f"{CPU_MS:g} ms of pure Python, {r.extra['cpus']:g} CPUs"
             )
+        if r.phase.startswith("archive retention"):
+            for side in ("delete", "drop"):
+                m = r.extra[side]
+                garbage = ", ".join(
+                    f"{key.removesuffix('_after')} {m[key]:,} after (before {m[key.replace('_after', '_before')]:,})"
+                    for key in m
+                    if key.endswith("_after") and key != "bytes_after" and m[key] is not None
+                )
+                lines.append(
+                    f"{'':<4}{side}: {m['rows_removed']:,} of {m['rows']:,} rows gone, {m['rows_deleted']:,} deleted "
+                    f"row by row, {m['partitions_dropped']} partitions dropped; {garbage}; "
+                    f"{m['bytes_before'] / 2**20:,.0f} MB before, {m['bytes_after'] / 2**20:,.0f} MB after"
+                )
+        if r.phase.startswith("drain during retention"):
+            lines.append(f"{'':<4}baseline here is the same drain just before the retention pass, not raw SQL")
         if r.phase.startswith("admin archive page"):
             rows = r.extra["archive_rows"]
             lines.append(f"{'':<4}baseline here is Django's paginator (COUNT(*)), over {rows:,} archived rows")

@@ -66,6 +66,18 @@ class Command(BaseCommand):
             default=2_000,
             help="Messages of the async_io phase (100 ms of simulated I/O each).",
         )
+        parser.add_argument(
+            "--history-rows",
+            type=positive_int,
+            default=1_000_000,
+            help="The archive phase: archived rows, spread over --history-days days.",
+        )
+        parser.add_argument(
+            "--history-days",
+            type=positive_int,
+            default=60,
+            help="The archive phase: days of history; retention keeps the newer half.",
+        )
         parser.add_argument("--repeat", type=positive_int, default=1, help="Runs of every phase; medians reported.")
         parser.add_argument(
             "--no-nudges",
@@ -120,7 +132,11 @@ class Command(BaseCommand):
             nudges=not options["no_nudges"],
             cpu_messages=options["cpu_messages"],
             io_messages=options["io_messages"],
+            history_rows=options["history_rows"],
+            history_days=options["history_days"],
         )
+        if config.history_days < 2:
+            raise CommandError("--history-days must be at least 2: the archive phase keeps the newer half")
         if config.idle_seconds <= 0:
             raise CommandError("--idle-seconds must be positive")
         if settings.DEBUG:
