@@ -48,6 +48,22 @@ faulty = {**default, "TEST": {"MIRROR": "default"}}
 
 DATABASES = {"default": default, "queues": queues, "faulty": faulty}
 
+# The high-availability tests (tox env ha-postgres, tests/test_ha_postgres.py): the default
+# database is a failover cluster; DBQUEUE_HA_DIRECT_URL names a second server ("direct"),
+# whose queue ha-direct flows while the cluster fails over, and DBQUEUE_PGBOUNCER_URL
+# PgBouncer in front of it ("bouncer", the same test database through the pooler).
+if os.environ.get("DBQUEUE_HA_DIRECT_URL"):
+    direct = env.db_url("DBQUEUE_HA_DIRECT_URL")
+    direct["TEST"] = {"NAME": f"test_{direct['NAME']}{suffix}"}
+    if child_database:
+        direct["NAME"] = direct["TEST"]["NAME"]
+    DATABASES["direct"] = direct
+    if os.environ.get("DBQUEUE_PGBOUNCER_URL"):
+        bouncer = env.db_url("DBQUEUE_PGBOUNCER_URL")
+        bouncer["NAME"] = direct["NAME"]
+        bouncer["TEST"] = {"MIRROR": "direct"}
+        DATABASES["bouncer"] = bouncer
+
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True
@@ -122,6 +138,12 @@ DBQUEUE = {
     },
     "TOPICS": {"t-orders": ["t-email", "t-invoicing"], "pp-news": ["pp-fifo", "pp-plain"]},
 }
+
+# The high-availability tests' queues on the second server, straight and through PgBouncer.
+if "direct" in DATABASES:
+    DBQUEUE["QUEUES"]["ha-direct"] = {"DATABASE": "direct"}
+if "bouncer" in DATABASES:
+    DBQUEUE["QUEUES"]["ha-bouncer"] = {"DATABASE": "bouncer"}
 
 # Schedules for the processes a test starts (runqueueschedules, runqueueworker):
 # JSON in DBQUEUE_TEST_SCHEDULES, the way a project writes DBQUEUE["SCHEDULES"].

@@ -248,3 +248,24 @@ def workflow_step(message):
     time.sleep(message.payload.get("sleep", 0))
     mark(f"step:{message.headers['dbqueue_step'][0]}:{name}", message)
     return name
+
+
+@django_dbqueue.handler("ha-drain")
+@django_dbqueue.handler("ha-direct")
+@django_dbqueue.handler("ha-bouncer")
+def high_availability(message):
+    """The high-availability tests' work (tests/test_ha_postgres.py): marks, sleeps ``sleep``, marks."""
+    mark("start", message)
+    time.sleep(message.payload.get("sleep", 0))
+    mark("done", message)
+
+
+def record_ack(sender, message, **extra):
+    """``queue id pid time`` per ack this process saw committed, in ``DBQUEUE_TEST_ACKS`` (the failover test)."""
+    path = os.environ.get("DBQUEUE_TEST_ACKS")
+    if path and message.queue.startswith("ha-"):
+        with open(path, "a") as acks:
+            acks.write(f"{message.queue} {message.pk} {os.getpid()} {time.time():.3f}\n")
+
+
+django_dbqueue.signals.message_acked.connect(record_ack, dispatch_uid="tests.testapp.record_ack")
