@@ -5,7 +5,8 @@ E003 a schedule declared in code that is invalid (one in DBQUEUE["SCHEDULES"] is
 W002 (a Tasks backend queue without ARCHIVE) is reported by DatabaseQueueBackend.check(),
 W003 (a missing JDBC driver) by the analytics app, django_dbqueue.contrib.spark;
 E004 METRICS on without prometheus_client, E005 TRACING on without OpenTelemetry;
-W004 a setting whose name looks like DBQUEUE but is not it (DBQUEUES, DB_QUEUE...).
+W004 a setting whose name looks like DBQUEUE but is not it (DBQUEUES, DB_QUEUE...);
+W005 a database behind a transaction pooler (POOLED_DATABASES) with options that break there.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from importlib.util import find_spec
 from typing import Any
 
+from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
 from .conf import find_problems, get_settings, misspelled_setting_names, raw_setting
@@ -92,6 +94,38 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         for key, package, what, distribution, extra, docs, check_id in EXTRAS
         if isinstance(raw, dict) and raw.get(key) is True and find_spec(package) is None
     ]
+
+
+@register()
+def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """Options of a database behind PgBouncer in transaction pooling that fail there.
+
+    A pooled connection is a different server session from one transaction to
+    the next: psycopg's server-side prepared statements (made after five runs
+    of a statement, with ``server_side_binding``) are then missing or someone
+    else's, and Django's server-side cursors (``.iterator()``) outlive the
+    transaction that opened them.
+    """
+    if find_problems(raw_setting()):
+        return []
+    warnings = []
+    for alias in sorted(get_settings().pooled_databases):
+        database = settings.DATABASES[alias]
+        options = database.get("OPTIONS", {})
+        problems = []
+        if options.get("server_side_binding") and options.get("prepare_threshold", 5) is not None:
+            problems.append("server_side_binding prepares statements: set OPTIONS['prepare_threshold'] = None")
+        if not database.get("DISABLE_SERVER_SIDE_CURSORS"):
+            problems.append("server-side cursors outlive a pooled transaction: set DISABLE_SERVER_SIDE_CURSORS = True")
+        warnings += [
+            Warning(
+                f"database {alias!r} is behind a transaction pooler (DBQUEUE['POOLED_DATABASES']): {problem}",
+                hint=f"See {page('docs/high-availability.md')}, PgBouncer in transaction pooling.",
+                id="django_dbqueue.W005",
+            )
+            for problem in problems
+        ]
+    return warnings
 
 
 @register()

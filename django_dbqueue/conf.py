@@ -165,6 +165,19 @@ def _alias(value: Any) -> str | None:
     return None
 
 
+def _pooled_databases(value: Any) -> str | None:
+    """``{"alias": "direct alias" or None}``: databases behind a transaction pooler, and where their LISTEN goes."""
+    if not isinstance(value, dict):
+        return f"must be a dict of database aliases, got {type(value).__name__}"
+    for alias, direct in value.items():
+        for name in (alias, direct):
+            if name is not None and name not in settings.DATABASES:
+                return f"names no database in DATABASES: {name!r}"
+        if direct is not None and direct in value:
+            return f"{alias!r} listens through {direct!r}, which is pooled itself: LISTEN needs a direct connection"
+    return None
+
+
 def _topics(value: Any) -> str | None:
     """``{"topic": ["queue", ...]}``: each topic's subscriber queues."""
     from .validation import queue_name_problem
@@ -246,6 +259,11 @@ GLOBAL_KEYS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
     # UDP socket here and an enqueue nudges the idle workers of its queue
     # (docs/workers.md, "Waking idle workers"); None: workers only poll.
     "NUDGE_HOST": ("127.0.0.1", _nudge_host),
+    # PostgreSQL databases reached through a pooler in transaction mode (PgBouncer), each
+    # with the alias of a direct connection to the same database for LISTEN, or None:
+    # LISTEN on a pooled connection loses its notifications, so workers there poll
+    # (docs/high-availability.md, "PgBouncer in transaction pooling").
+    "POOLED_DATABASES": ({}, _pooled_databases),
     # The archive partitioned by finish time, a partition a day or an ISO week in
     # TIME_ZONE (docs/archive.md); None: one plain table. MariaDB/MySQL and PostgreSQL.
     "ARCHIVE_PARTITIONS": (None, _optional_choice("daily", "weekly")),
@@ -310,6 +328,7 @@ class DbQueueSettings:
     metrics: bool
     tracing: bool
     nudge_host: str | None
+    pooled_databases: dict[str, str | None]
     archive_partitions: str | None
     defaults: QueueOptions
     queues: dict[str, QueueOptions] = field(default_factory=dict)

@@ -47,6 +47,9 @@ def ids_and_messages(**kwargs):
         ({"TOPICS": {"orders": ["email", ""]}}, "DBQUEUE['TOPICS'] topic 'orders' has a bad queue name"),
         ({"TOPICS": {"orders": ["email", "email"]}}, "DBQUEUE['TOPICS'] topic 'orders' names a queue twice"),
         ({"QUEUES": {"q": {"TOPICS": {}}}}, "DBQUEUE['QUEUES']['q'] has an unknown key 'TOPICS'"),
+        ({"POOLED_DATABASES": ["default"]}, "must be a dict of database aliases, got list"),
+        ({"POOLED_DATABASES": {"nope": None}}, "names no database in DATABASES: 'nope'"),
+        ({"POOLED_DATABASES": {"default": "queues", "queues": None}}, "which is pooled itself"),
     ],
 )
 def test_bad_setting_is_an_error_naming_the_key(settings, setting, words):
@@ -199,3 +202,25 @@ def test_the_hints_name_pages_a_wheels_user_can_open(settings):
         assert f"{DOCS_URL}docs/settings.md" in hint
         assert "see docs/" not in hint.lower()
     assert (ROOT / "docs" / "settings.md").is_file()
+
+
+def test_a_pooled_database_with_options_that_break_in_transaction_pooling_is_a_warning(settings, monkeypatch):
+    """W005: behind PgBouncer in transaction pooling, psycopg's prepared statements (server-side
+    binding) and Django's server-side cursors belong to a server session the next transaction
+    may not get."""
+    from django.conf import settings as django_settings
+
+    database = django_settings.DATABASES["faulty"]
+    settings.DBQUEUE = {"POOLED_DATABASES": {"faulty": None}}
+    monkeypatch.setitem(database, "OPTIONS", {"server_side_binding": True})
+    monkeypatch.setitem(database, "DISABLE_SERVER_SIDE_CURSORS", False)
+    found = ids_and_messages()
+    assert [i for i, _ in found] == ["django_dbqueue.W005", "django_dbqueue.W005"], found
+    assert "database 'faulty' is behind a transaction pooler" in found[0][1]
+    assert "prepare_threshold" in found[0][1] and "DISABLE_SERVER_SIDE_CURSORS" in found[1][1]
+    monkeypatch.setitem(database, "OPTIONS", {"server_side_binding": True, "prepare_threshold": None})
+    monkeypatch.setitem(database, "DISABLE_SERVER_SIDE_CURSORS", True)
+    assert ids_and_messages() == []
+    settings.DBQUEUE = {}  # not declared pooled: nothing to say
+    monkeypatch.setitem(database, "OPTIONS", {"server_side_binding": True})
+    assert ids_and_messages() == []

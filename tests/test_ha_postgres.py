@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
 import subprocess
+import sys
 import time
 
 import pytest
@@ -22,13 +24,13 @@ from django.db import connection, connections
 
 from django_dbqueue import enqueue, enqueue_many
 from django_dbqueue.models import ArchivedMessage, Message
-from tests.support.processes import ROOT, LoggedCommands, read_marks, wait_for
+from tests.support.processes import ROOT, LoggedCommands, child_env, read_marks, wait_for
 
 pytestmark = [pytest.mark.ha_postgres, pytest.mark.slow]
 
 CLUSTER = ROOT / "scripts" / "pg-cluster"
-MESSAGES = 3000  # on the cluster
-DIRECT = 3000  # on the other server, 10 ms each: they outlast the failover
+MESSAGES = 3000  # on the cluster, 20 ms each: the drain lasts well past the kill
+DIRECT = 4000  # on the other server, 10 ms each: they outlast the failover
 WORKERS, CONCURRENCY, BATCH = 2, 4, 10
 
 
@@ -56,6 +58,13 @@ def settled(query):
         return None
 
 
+def server_port():
+    """The port of the node the default database's connection reached."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT inet_server_port()")
+        return cursor.fetchone()[0]
+
+
 def read_acks(path):
     """``(queue, id, pid, time)`` per ack a worker saw committed (tests/testapp/queues.py's record_ack)."""
     if not path.exists():
@@ -76,7 +85,7 @@ def longest_gap(times):
 
 @pytest.mark.django_db(transaction=True, databases=["default", "direct"])
 def test_workers_ride_over_a_failover_and_the_other_server_keeps_flowing(cluster, tmp_path):
-    enqueue_many("ha-drain", [{"n": n} for n in range(MESSAGES)])
+    enqueue_many("ha-drain", [{"n": n, "sleep": 0.02} for n in range(MESSAGES)])
     enqueue_many("ha-direct", [{"n": n, "sleep": 0.01} for n in range(DIRECT)])
     marks, acks = tmp_path / "marks", tmp_path / "acks"
     workers = LoggedCommands(tmp_path)
@@ -97,7 +106,9 @@ def test_workers_ride_over_a_failover_and_the_other_server_keeps_flowing(cluster
         def drained():
             return [a for a in read_acks(acks) if a[0] == "ha-drain"]
 
-        wait_for(lambda: len(drained()) >= MESSAGES // 4, timeout=120, interval=0.1, what="a quarter acked")
+        wait_for(lambda: len(drained()) >= MESSAGES // 20, timeout=120, interval=0.1, what="the drain to start")
+        primary = server_port()
+        kill_started = time.time()
         killed = subprocess.run([cluster, "kill", "primary"], capture_output=True, text=True, timeout=60)
         killed_at = time.time()
         assert killed.returncode == 0, killed.stderr
@@ -109,6 +120,7 @@ def test_workers_ride_over_a_failover_and_the_other_server_keeps_flowing(cluster
             what="every message on the cluster to be acked",
         )
 
+        assert server_port() != primary  # the secondary took over
         # Wake-ups resume on the new primary: the workers idle, polling every 30 s.
         time.sleep(2)
         woken = enqueue("ha-drain", {"n": "after"})
@@ -117,7 +129,6 @@ def test_workers_ride_over_a_failover_and_the_other_server_keeps_flowing(cluster
         wake_latency = time.time() - enqueued_at
         for worker in (*drainers, other):
             assert worker.poll() is None, f"a worker died with the primary:\n{workers.output(worker)[-4000:]}"
-        wait_for(lambda: len([a for a in read_acks(acks) if a[0] == "ha-direct"]) == DIRECT, timeout=120)
         for worker in (*drainers, other):
             worker.terminate()
         logs = [workers.finish(worker)[1] for worker in drainers]
@@ -143,7 +154,8 @@ def test_workers_ride_over_a_failover_and_the_other_server_keeps_flowing(cluster
 
     times = [at for queue, _, _, at in read_acks(acks) if queue == "ha-drain" and at < enqueued_at]
     gap, gap_from = longest_gap(times)
-    assert gap_from <= killed_at + 1  # the longest stall is the failover's
+    assert len([at for at in times if at > killed_at]) >= MESSAGES // 4  # the kill came mid-drain
+    assert kill_started - 1 <= gap_from <= killed_at + 1, (gap, gap_from - killed_at)  # the longest stall: the failover
     # The other server's queue flowed while the cluster had none: acks inside the gap.
     direct = [at for queue, _, _, at in read_acks(acks) if queue == "ha-direct"]
     during = [at for at in direct if gap_from < at < gap_from + gap]
@@ -156,3 +168,86 @@ def test_workers_ride_over_a_failover_and_the_other_server_keeps_flowing(cluster
         f"{WORKERS}x{CONCURRENCY} consumers; other server {len(during)} acks during the gap; "
         f"a wake-up after it came in {wake_latency:.2f} s"
     )
+
+
+@pytest.fixture
+def pgbouncer():
+    """PgBouncer's alias; afterwards its server connections to the test database are closed (its
+    admin console's KILL), so that the test run can drop it; the test's own connection goes first."""
+    if "bouncer" not in connections:
+        pytest.fail("needs DBQUEUE_PGBOUNCER_URL: run with `tox -e ha-postgres`")
+    yield "bouncer"
+    bouncer = connections["bouncer"]
+    bouncer.close()
+    settings = bouncer.settings_dict
+    console = [
+        "psql",
+        "-X",
+        "-q",
+        "-h",
+        settings["HOST"],
+        "-p",
+        str(settings["PORT"]),
+        "-U",
+        "postgres",
+        "-d",
+        "pgbouncer",
+    ]
+    subprocess.run(
+        [*console, "-c", f"KILL {settings['NAME']}", "-c", f"RESUME {settings['NAME']}"],
+        capture_output=True,
+        timeout=30,
+        check=True,
+    )
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "direct", "bouncer"])
+def test_producers_workers_and_the_reaper_through_pgbouncer_in_transaction_pooling(pgbouncer, tmp_path):
+    """PgBouncer in transaction pooling (scripts/pg-cluster, in front of the local server): producers,
+    a worker and the reaper go through it; the worker LISTENs on the direct connection that
+    POOLED_DATABASES names, so that a NOTIFY still wakes it."""
+    with connections["bouncer"].cursor() as cursor:  # the pooler, not the server: another port
+        cursor.execute("SELECT inet_server_port()")
+        assert cursor.fetchone()[0] != int(connections["bouncer"].settings_dict["PORT"])
+    enqueue_many("ha-bouncer", [{"n": n} for n in range(MESSAGES // 10)])
+    acks = tmp_path / "acks"
+    workers = LoggedCommands(tmp_path)
+    pooled = {"POOLED_DATABASES": {"bouncer": "direct"}}
+    try:
+        worker = workers.start(
+            "ha-bouncer",
+            "--concurrency",
+            CONCURRENCY,
+            "--poll-interval",
+            30,
+            "--max-poll-interval",
+            30,
+            DBQUEUE_TEST_SETTINGS=json.dumps(pooled),
+            DBQUEUE_TEST_ACKS=str(acks),
+        )
+        archive = ArchivedMessage.objects.using("bouncer").filter(queue="ha-bouncer")
+        wait_for(lambda: archive.count() == MESSAGES // 10, timeout=120, interval=0.2, what="the drain")
+        time.sleep(2)  # idle now: only a NOTIFY, heard on the direct connection, wakes it within 30 s
+        woken = enqueue("ha-bouncer", {"n": "after"})
+        enqueued_at = time.time()
+        wait_for(lambda: woken.pk in {a[1] for a in read_acks(acks)}, timeout=60, interval=0.05, what="a wake-up")
+        wake_latency = time.time() - enqueued_at
+        reaper = subprocess.run(
+            [sys.executable, "-m", "django", "reapqueue", "--database", "bouncer"],
+            cwd=ROOT,
+            env=child_env(DBQUEUE_TEST_SETTINGS=json.dumps(pooled)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert reaper.returncode == 0, reaper.stderr
+        worker.terminate()
+        status, log = workers.finish(worker)
+    finally:
+        workers.close()
+    assert status == 0, log
+    assert "ERROR" not in log and "prepared statement" not in log, log
+    assert archive.count() == MESSAGES // 10 + 1
+    assert set(archive.values_list("outcome", flat=True)) == {"acked"}
+    assert wake_latency < 10, f"the message enqueued while the worker idled took {wake_latency:.1f} s"
+    print(f"\nPGBOUNCER: a wake-up through the direct LISTEN connection came in {wake_latency:.2f} s")

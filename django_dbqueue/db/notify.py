@@ -31,20 +31,31 @@ logger = logging.getLogger("django_dbqueue")
 NOTIFY_CHANNEL = "dbqueue"
 
 
+def listen_alias(using: str) -> str | None:
+    """The database whose connection LISTENs for ``using``: itself, or, behind a transaction
+    pooler (``POOLED_DATABASES``), its direct alias; None when there is none (workers poll)."""
+    from ..conf import get_settings
+
+    pooled = get_settings().pooled_databases
+    return pooled.get(using, using)
+
+
 def can_listen(using: str) -> bool:
     """Whether workers of this database can wait for notifications instead of polling."""
-    return connections[using].vendor == "postgresql"
+    return connections[using].vendor == "postgresql" and listen_alias(using) is not None
 
 
 def notifications(using: str, stop: Callable[[], bool], timeout: float = 1.0) -> Iterator[str | None]:
     """On PostgreSQL, yield the queue name of each NOTIFY (None every ``timeout`` seconds).
 
     Uses its own connection in autocommit, never Django's: LISTEN must not sit
-    inside the claim transactions. Elsewhere it returns at once (workers poll).
+    inside the claim transactions; behind a transaction pooler, it connects
+    straight to the server (`listen_alias`). Elsewhere it returns at once
+    (workers poll).
     """
-    connection = connections[using]
     if not can_listen(using):
         return
+    connection = connections[listen_alias(using) or using]
     import psycopg
 
     with psycopg.connect(**connection.get_connection_params(), autocommit=True) as listener:
