@@ -32,6 +32,9 @@ CLUSTER = ROOT / "scripts" / "pg-cluster"
 MESSAGES = 3000  # on the cluster, 20 ms each: the drain lasts well past the kill
 DIRECT = 4000  # on the other server, 10 ms each: they outlast the failover
 WORKERS, CONCURRENCY, BATCH = 2, 4, 10
+# A lease longer than the failover (with 5 s, 100 of 3,000 ran twice: their leases ended
+# before their acks could be written); a poll only every 30 s, so that a quick wake-up is a NOTIFY's.
+VISIBILITY, POLL = 15, 30
 
 
 @pytest.fixture
@@ -89,10 +92,10 @@ def test_workers_ride_over_a_failover_and_the_other_server_keeps_flowing(cluster
     enqueue_many("ha-direct", [{"n": n, "sleep": 0.01} for n in range(DIRECT)])
     marks, acks = tmp_path / "marks", tmp_path / "acks"
     workers = LoggedCommands(tmp_path)
-    options = ["--concurrency", CONCURRENCY, "--batch-size", BATCH, "--visibility-timeout", 15]
+    options = ["--concurrency", CONCURRENCY, "--batch-size", BATCH, "--visibility-timeout", VISIBILITY]
     # A poll only every 30 s: a message enqueued while they idle is picked up
     # within seconds only if a NOTIFY woke them.
-    polling = ["--poll-interval", 30, "--max-poll-interval", 30]
+    polling = ["--poll-interval", POLL, "--max-poll-interval", POLL]
     try:
         drainers = [
             workers.start("ha-drain", *options, *polling, marks=marks, DBQUEUE_TEST_ACKS=str(acks))
@@ -152,10 +155,20 @@ def test_workers_ride_over_a_failover_and_the_other_server_keeps_flowing(cluster
     assert len(twice) <= WORKERS * CONCURRENCY * BATCH, twice
     assert any("retrying" in log for log in logs)  # they met the failover, and said so
 
-    times = [at for queue, _, _, at in read_acks(acks) if queue == "ha-drain" and at < enqueued_at]
-    gap, gap_from = longest_gap(times)
+    times = sorted(at for queue, _, _, at in read_acks(acks) if queue == "ha-drain" and at < enqueued_at)
     assert len([at for at in times if at > killed_at]) >= MESSAGES // 4  # the kill came mid-drain
-    assert kill_started - 1 <= gap_from <= killed_at + 1, (gap, gap_from - killed_at)  # the longest stall: the failover
+    # The failover's stall: the longest pause in the acks that began while the kill ran (the
+    # primary died at some moment of it; the kill takes seconds on a loaded machine).
+    gap, gap_from = max(
+        (later - earlier, earlier)
+        for earlier, later in itertools.pairwise(times)
+        if kill_started - 1 <= earlier <= killed_at + 1
+    )
+    assert gap >= 1, f"no stall while the primary was killed ({gap:.2f} s): was it killed?"
+    # The longest stall may come later: a claim whose reply the failover cut leaves its batch
+    # leased until the lease ends, and no NOTIFY says so: until the next poll (30 s here).
+    longest, _ = longest_gap(times)
+    assert longest <= gap + VISIBILITY + POLL + 5
     # The other server's queue flowed while the cluster had none: acks inside the gap.
     direct = [at for queue, _, _, at in read_acks(acks) if queue == "ha-direct"]
     during = [at for at in direct if gap_from < at < gap_from + gap]
@@ -163,7 +176,8 @@ def test_workers_ride_over_a_failover_and_the_other_server_keeps_flowing(cluster
     assert wake_latency < 10, f"the late message took {wake_latency:.1f} s: no NOTIFY woke the workers"
     rate = len(times) / (max(times) - min(times))
     print(
-        f"\nFAILOVER: {gap:.1f} s without an ack on the cluster; {len(twice)} of {MESSAGES} messages ran twice "
+        f"\nFAILOVER: {gap:.1f} s without an ack on the cluster (longest stall {longest:.1f} s); "
+        f"{len(twice)} of {MESSAGES} messages ran twice "
         f"({len(acked)} acks seen committed, all kept); drain {rate:.0f}/s across the failover with "
         f"{WORKERS}x{CONCURRENCY} consumers; other server {len(during)} acks during the gap; "
         f"a wake-up after it came in {wake_latency:.2f} s"
