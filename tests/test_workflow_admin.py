@@ -7,6 +7,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 import django_dbqueue
 from django_dbqueue import Step, Workflow
@@ -270,3 +271,10 @@ def test_the_admin_workflows_bench_phase_measures_every_page_and_removes_its_row
     ]
     assert all(ours > 0 and baseline > 0 for _, ours, baseline, _ in measured)
     assert list(WorkflowRun.objects.values_list("pk", flat=True)) == [kept.pk]
+
+
+def test_the_name_filters_choices_are_the_first_names_in_order_by_a_skip_scan():
+    for name in ["b", "a", "B", "c", "a", "a "]:
+        WorkflowRun.objects.create(name=name, created_at=timezone.now())
+    assert WorkflowRun.objects.names(limit=3) == {"B", "a", "a "}  # compared byte for byte: "B" < "a" < "a " < "b"
+    assert WorkflowRun.objects.names() == {"B", "a", "a ", "b", "c"}

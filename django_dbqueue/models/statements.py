@@ -433,8 +433,9 @@ def insert_messages(using: str, messages: Sequence[LiveMessage], batch_size: int
         message._state.db = using
 
 
-def distinct_leading(using: str, table: str, column: str) -> list[str]:
-    """The distinct values of ``column``, the first column of an index of ``table``, by a skip scan.
+def distinct_leading(using: str, table: str, column: str, limit: int | None = None) -> list[str]:
+    """The distinct values of ``column`` (the first ``limit``, in order), the first column of an index of ``table``,
+    by a skip scan.
 
     One index lookup per distinct value (a recursive query of MIN(column)
     > the previous value), where ``SELECT DISTINCT`` would read every row
@@ -442,9 +443,11 @@ def distinct_leading(using: str, table: str, column: str) -> list[str]:
     """
     qn = connections[using].ops.quote_name
     t, c = qn(table), qn(column)
+    more = "" if limit is None else f" AND found.n < {int(limit)}"
     sql = (
-        f"WITH RECURSIVE found (v) AS (SELECT MIN({c}) FROM {t} "
-        f"UNION ALL SELECT (SELECT MIN({c}) FROM {t} WHERE {c} > found.v) FROM found WHERE found.v IS NOT NULL) "
+        f"WITH RECURSIVE found (v, n) AS (SELECT MIN({c}), 1 FROM {t} "
+        f"UNION ALL SELECT (SELECT MIN({c}) FROM {t} WHERE {c} > found.v), found.n + 1 FROM found "
+        f"WHERE found.v IS NOT NULL{more}) "
         "SELECT v FROM found WHERE v IS NOT NULL"
     )
     with connections[using].cursor() as cursor:

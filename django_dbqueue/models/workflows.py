@@ -39,7 +39,7 @@ from .archive import Outcome
 from .fields import NameField
 from .inserting import build_unsaved
 from .protocols import LiveMessage
-from .statements import message_model
+from .statements import distinct_leading, message_model
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -101,8 +101,12 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         return self.filter(state=WorkflowRun.RUNNING).order_by("created_at", "id")
 
     def names(self, limit: int = 100) -> set[str]:
-        """Up to ``limit`` workflow names (the admin's name filter), read from the (name, created_at) index."""
-        return set(self.order_by("name").values_list("name", flat=True).distinct()[:limit])
+        """The first ``limit`` workflow names (the admin's name filter), by a skip scan of the (name, created_at) index.
+
+        One index lookup per name: PostgreSQL's ``SELECT DISTINCT`` read the
+        whole table (0.1 s at 200,000 workflows, on every list page).
+        """
+        return set(distinct_leading(self.db, WorkflowRun._meta.db_table, "name", limit))
 
     def finished_before(self, before: datetime) -> Self:
         return self.filter(state=WorkflowRun.FINISHED, finished_at__lt=before)
