@@ -321,3 +321,30 @@ def test_a_conversion_killed_halfway_resumes_with_nothing_lost_or_doubled(layout
     found = list(ArchivedMessage.objects.values_list("pk", flat=True))
     assert len(found) == len(set(found)) == 3001
     assert set(found) == ids | {fresh.pk}
+
+
+@servers
+def test_the_reaper_vacuums_a_partitioned_archive_whose_partitions_hold_dead_rows(layout):
+    """PostgreSQL keeps a partitioned table's statistics in its partitions: the reaper's VACUUM reads them there."""
+    if connection.vendor != "postgresql" or connection.pg_version < 150000:
+        pytest.skip("VACUUM is PostgreSQL's; the test reads statistics flushed on demand, from PostgreSQL 15 on")
+    from django_dbqueue.db.stats import vacuum_if_bloated
+
+    layout.convert("daily")
+    ArchivedMessage.objects.bulk_create(ArchivedMessageFactory.build() for _ in range(300))
+    ArchivedMessage.objects.all().delete()
+
+    def dead_rows():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT SUM(n_dead_tup) FROM pg_stat_user_tables WHERE relid IN "
+                "(SELECT relid FROM pg_partition_tree('dbqueue_archive'))"
+            )
+            return cursor.fetchone()[0]
+
+    assert dead_rows() >= 300
+    assert not vacuum_if_bloated("default", "dbqueue_archive")  # 300 dead rows are not worth a VACUUM
+    assert vacuum_if_bloated("default", "dbqueue_archive", min_dead=100)
+    assert dead_rows() == 0

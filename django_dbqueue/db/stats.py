@@ -48,9 +48,16 @@ def vacuum_if_bloated(using: str, table: str, *, min_dead: int = VACUUM_MIN_DEAD
     if connection.vendor != "postgresql" or connection.in_atomic_block:
         return False
     with connection.cursor() as cursor:
-        cursor.execute("SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relname = %s", [table])
+        # A partitioned table (the archive with ARCHIVE_PARTITIONS) keeps its figures in its partitions;
+        # a VACUUM of the table vacuums each of them.
+        cursor.execute(
+            "SELECT CAST(SUM(n_dead_tup) AS bigint), CAST(SUM(n_live_tup) AS bigint) "
+            "FROM pg_stat_user_tables WHERE relid IN "
+            "(SELECT CAST(%s AS regclass) UNION SELECT relid FROM pg_partition_tree(%s))",
+            [table, table],
+        )
         row = cursor.fetchone()
-        if row is None or row[0] < max(min_dead, VACUUM_DEAD_SHARE * row[1]):
+        if row is None or row[0] is None or row[0] < max(min_dead, VACUUM_DEAD_SHARE * row[1]):
             return False
         cursor.execute(f"VACUUM (ANALYZE) {connection.ops.quote_name(table)}")
     return True
