@@ -237,6 +237,20 @@ def test_a_batch_of_step_acks_settles_together_in_as_many_statements_as_a_pair()
     assert WorkflowRun.objects.get(pk=run.pk).open_steps == 1
 
 
+def test_a_parent_of_more_children_than_one_statement_marks_enqueues_each_as_its_own_message():
+    workflow = Workflow("wide")
+    workflow.add("root", Q)
+    workflow.group(*(Step(f"c{n}", Q, {"n": n}) for n in range(1001)), after=["root"])  # two chunks of the CASE
+    run = workflow.enqueue()
+    assert django_dbqueue.ack_many(django_dbqueue.claim(Q, 1)) == [True]
+    steps = WorkflowStep.objects.filter(workflow_id=run.pk).exclude(name="root")
+    assert set(steps.values_list("state", "pending")) == {("enqueued", 0)}
+    live = {m.pk: (m.headers["dbqueue_step"][1], m.payload) for m in Message.objects.filter(queue=Q)}
+    # Each step names its own message, which carries the step's name and payload.
+    assert live == {s.message_id: (s.name, {"n": int(s.name[1:])}) for s in steps}
+    assert len(live) == 1001
+
+
 # --- the policies -----------------------------------------------------------------------
 
 

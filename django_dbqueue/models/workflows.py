@@ -24,8 +24,8 @@ from datetime import datetime
 from typing import Any, Self
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, models, transaction
-from django.db.models import Count, Exists, F, OuterRef, Subquery
+from django.db import IntegrityError, connections, models, transaction
+from django.db.models import Count, Exists, F, OuterRef
 
 from .. import signals
 from ..db.clock import DbNow
@@ -350,9 +350,7 @@ def _enqueue_steps(using: str, ready: Sequence[WorkflowStep]) -> list[str]:
     if len(kept) == 1:
         steps.filter(pk=kept[0][0].pk).update(state=StepState.ENQUEUED, message_id=kept[0][1].pk, pending=0)
     elif kept:
-        for step, message in kept:
-            step.state, step.message_id, step.pending = StepState.ENQUEUED, message.pk, 0
-        steps.bulk_update([step for step, _ in kept], ["state", "message_id", "pending"], batch_size=500)
+        _note_enqueued(using, [(step.pk, message.pk) for step, message in kept])
     return [step.name for step, _ in refused]
 
 
@@ -372,6 +370,28 @@ def _key_refusal(step: WorkflowStep, message: LiveMessage) -> str:
     if message.pk is None:
         return f"not enqueued: key {key!r} was taken less than its unique window ago"
     return f"not enqueued: key {key!r} is held by live message {message.pk}"
+
+
+def _note_enqueued(using: str, pairs: Sequence[tuple[int, int]]) -> None:
+    """Mark steps enqueued as their messages: (step id, message id) pairs, a CASE per chunk of rows.
+
+    ``bulk_update`` builds an expression per row and field: for the 10,000
+    children of a fan-out that was a minute of Python in the parent's ack.
+    The ids are written into the text as integers (``int()`` refuses
+    anything else): thousands of parameters cost the driver more than the
+    statement costs the server.
+    """
+    qn = connections[using].ops.quote_name
+    with connections[using].cursor() as cursor:
+        for start in range(0, len(pairs), 1000):
+            chunk = [(int(step), int(message)) for step, message in pairs[start : start + 1000]]
+            cases = " ".join(f"WHEN {step} THEN {message}" for step, message in chunk)
+            cursor.execute(
+                f"UPDATE {qn(WorkflowStep._meta.db_table)} SET {qn('state')} = %s, {qn('pending')} = 0, "
+                f"{qn('message_id')} = CASE {qn('id')} {cases} END "
+                f"WHERE {qn('id')} IN ({', '.join(str(step) for step, _ in chunk)})",
+                [StepState.ENQUEUED],
+            )
 
 
 # --- the join ---------------------------------------------------------------------------
@@ -406,7 +426,9 @@ def settle_many(using: str, finished: Sequence[Finished]) -> None:
 def _mark(using: str, workflow_id: int, finished: Sequence[Finished]) -> list[tuple[str, str, str | None]]:
     """Set the finished steps' outcome, result and reason (only steps still enqueued as these messages);
     returns (name, outcome, None) of each step this call settled."""
-    steps = WorkflowStep.objects.using(using).filter(workflow_id=workflow_id, state=StepState.ENQUEUED)
+    # By the (state, message_id) index: a message is one step's, and a planner left without it may
+    # intersect the workflow's steps with every enqueued one (PostgreSQL on a table analysed when small).
+    steps = WorkflowStep.objects.using(using).filter(state=StepState.ENQUEUED)
     plain: dict[tuple[str, str], list[Finished]] = defaultdict(list)  # no result kept: one UPDATE per outcome
     own: list[tuple[Finished, Any, str]] = []
     for entry in finished:
@@ -419,10 +441,10 @@ def _mark(using: str, workflow_id: int, finished: Sequence[Finished]) -> list[tu
             own.append((entry, kept, why))
     settled: list[tuple[str, str, str | None]] = []
     for (outcome, text), entries in plain.items():
-        names = [ref[1] for ref, *_ in entries]
         ids = [message_id for _, message_id, *_ in entries]
-        mine = steps.filter(name__in=names, message_id__in=ids)
-        changed = mine.update(state=outcome, result=None, result_note="", reason=text, finished_at=DbNow())
+        changed = steps.filter(message_id__in=ids).update(
+            state=outcome, result=None, result_note="", reason=text, finished_at=DbNow()
+        )
         if changed != len(entries):  # some step is no longer enqueued as this message, or its rows are gone
             done = set(
                 WorkflowStep.objects.using(using)
@@ -433,8 +455,12 @@ def _mark(using: str, workflow_id: int, finished: Sequence[Finished]) -> list[tu
         settled.extend((ref[1], outcome, None) for ref, _, _, _, _ in entries)
     for (ref, message_id, outcome, _, reason), kept, why in own:
         text = storable_text(reason)[:4000] if outcome != Outcome.ACKED else ""
-        mine = steps.filter(name=ref[1], message_id=message_id)
-        if mine.update(state=outcome, result=kept, result_note=why, reason=text, finished_at=DbNow()) == 1:
+        if (
+            steps.filter(message_id=message_id).update(
+                state=outcome, result=kept, result_note=why, reason=text, finished_at=DbNow()
+            )
+            == 1
+        ):
             settled.append((ref[1], outcome, None))
         else:
             _orphan(using, (ref, message_id, outcome, None, reason))
@@ -457,12 +483,12 @@ def _orphan(using: str, entry: Finished) -> bool:
 def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str | None]]) -> None:
     """Decrement the children of the settled steps, enqueue those at zero, cancel those a failure dooms.
 
-    In waves: the children of the steps settled in a wave are read locked
-    in one SELECT with the number of their parents among them (a fan-in
-    child of ten parents acked together loses ten at once, in one UPDATE);
-    the steps a failure cancels make the next wave. A child that one parent
-    lets go and another dooms in the same wave is doomed, as it would be in
-    any order.
+    In waves: the edges of the steps settled in a wave are read in one
+    SELECT, their children locked in another, each decremented by the
+    number of its parents among them (a fan-in child of ten parents acked
+    together loses ten at once, in one UPDATE); the steps a failure cancels
+    make the next wave. A child that one parent lets go and another dooms
+    in the same wave is doomed, as it would be in any order.
     """
     steps = WorkflowStep.objects.using(using).filter(workflow_id=workflow_id)
     edges = WorkflowEdge.objects.using(using).filter(workflow_id=workflow_id)
@@ -473,24 +499,20 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
         outcomes = {name: (outcome, cause) for name, outcome, cause in wave}
         parents = edges.filter(parent__in=sorted(outcomes))
         stop: dict[str, tuple[str, str]] = {}  # child -> (origin, reason)
-        waiting = steps.select_for_update().filter(state=StepState.WAITING).order_by("position")
-        children: list[tuple[WorkflowStep, int]]
-        if all(outcome == Outcome.ACKED for outcome, _ in outcomes.values()):  # a batch of acks: one statement
-            counts = parents.filter(child=OuterRef("name")).order_by().values("child").annotate(n=Count("id"))
-            found = waiting.filter(name__in=parents.values("child")).annotate(n=Subquery(counts.values("n")))
-            children = [(step, int(getattr(step, "n", 0) or 0)) for step in found]
-        else:
-            go: dict[str, int] = defaultdict(int)
-            for parent, child, ignore in parents.values_list("parent", "child", "ignore"):
-                outcome, cause = outcomes[parent]
-                if outcome == Outcome.ACKED or outcome in ignore.split(","):
-                    go[child] += 1
-                else:
-                    origin = cause or parent
-                    reason = f"dependency {origin!r} ended {outcome if origin == parent else 'cancelled'}"
-                    stop[child] = min(stop.get(child, (origin, reason)), (origin, reason))
-            going = sorted(child for child in go if child not in stop)
-            children = [(step, go[step.name]) for step in waiting.filter(name__in=going)] if going else []
+        locked = steps.select_for_update().order_by("position")
+        go: dict[str, int] = defaultdict(int)
+        # By the (workflow, parent) index: a fan-in child's other edges are never read.
+        for parent, child, ignore in parents.values_list("parent", "child", "ignore"):
+            outcome, cause = outcomes[parent]
+            if outcome == Outcome.ACKED or outcome in ignore.split(","):
+                go[child] += 1
+            else:
+                origin = cause or parent
+                reason = f"dependency {origin!r} ended {outcome if origin == parent else 'cancelled'}"
+                stop[child] = min(stop.get(child, (origin, reason)), (origin, reason))
+        going = sorted(child for child in go if child not in stop)
+        # By the (workflow, name) index, the state tested here: a planner may prefer the state's index.
+        children = [(s, go[s.name]) for s in locked.filter(name__in=going) if s.state == StepState.WAITING]
         wave = [(name, Outcome.CANCELLED, None) for name in _release(using, steps, children)]  # keys refused
         closed += len(wave)
         failed += len(wave)
