@@ -32,8 +32,8 @@ CLUSTER = ROOT / "scripts" / "pg-cluster"
 MESSAGES = 3000  # on the cluster, 20 ms each: the drain lasts well past the kill
 DIRECT = 4000  # on the other server, 10 ms each: they outlast the failover
 WORKERS, CONCURRENCY, BATCH = 2, 4, 10
-# A lease longer than the failover (with 5 s, 100 of 3,000 ran twice: their leases ended
-# before their acks could be written); a poll only every 30 s, so that a quick wake-up is a NOTIFY's.
+# A lease longer than the failover (a shorter one ends before the acks held through it can be
+# written, and the messages run again); a poll only every 30 s, so that a quick wake-up is a NOTIFY's.
 VISIBILITY, POLL = 15, 30
 
 
