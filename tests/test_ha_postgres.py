@@ -20,10 +20,16 @@ import sys
 import time
 
 import pytest
+from django.conf import settings
 from django.db import connection, connections
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 
 from django_dbqueue import enqueue, enqueue_many
 from django_dbqueue.models import ArchivedMessage, Message
+from tests.support.admin_helpers import changelist, post_action, staff, user_messages
+from tests.support.factories import ArchivedMessageFactory
 from tests.support.processes import ROOT, LoggedCommands, child_env, read_marks, wait_for
 
 pytestmark = [pytest.mark.ha_postgres, pytest.mark.slow]
@@ -265,3 +271,47 @@ def test_producers_workers_and_the_reaper_through_pgbouncer_in_transaction_pooli
     assert set(archive.values_list("outcome", flat=True)) == {"acked"}
     assert wake_latency < 10, f"the message enqueued while the worker idled took {wake_latency:.1f} s"
     print(f"\nPGBOUNCER: a wake-up through the direct LISTEN connection came in {wake_latency:.2f} s")
+
+
+class _EverythingThroughTheBouncer:
+    """A router for a project whose only database sits behind PgBouncer: every read and write goes there."""
+
+    def db_for_read(self, model, **hints):
+        return "bouncer"
+
+    def db_for_write(self, model, **hints):
+        return "bouncer"
+
+    def allow_relation(self, *objects, **hints):
+        return True
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "direct", "bouncer"])
+def test_the_admin_through_pgbouncer_in_transaction_pooling(pgbouncer, client):
+    """The operators' admin on a database behind PgBouncer (transaction pooling), the queues' database
+    and, through a router, every model's: the login's session, every list page, a message's page and a
+    replay. Each page is asked for more times than psycopg's
+    prepare threshold (5): a statement psycopg prepared on one server connection and ran on another
+    would fail here (Django binds on the client by default, and so prepares nothing; check W005 warns
+    when server-side binding is turned on without prepare_threshold=None)."""
+    behind = {**settings.DBQUEUE, "DATABASE": "bouncer", "POOLED_DATABASES": {"bouncer": "direct"}}
+    with override_settings(DATABASE_ROUTERS=[_EverythingThroughTheBouncer()], DBQUEUE=behind):
+        views = ("view_message", "view_archivedmessage", "view_deadletter", "view_queuestate", "view_workflowrun")
+        client.force_login(staff("ops", *views, "replay_archivedmessage"))
+        live = enqueue("ha-bouncer", {"n": "live"})
+        dead = ArchivedMessageFactory(dead=True, queue="ha-bouncer", payload={"n": "dead"}, message_id=10**12)
+        pages = [changelist(model) for model in ("queuestate", "message", "archivedmessage", "deadletter")]
+        pages += [changelist("workflowrun"), reverse("admin:django_dbqueue_message_change", args=[live.pk])]
+        with CaptureQueriesContext(connections["bouncer"]) as pooled, CaptureQueriesContext(connection) as other:
+            for _ in range(7):
+                for page in pages:
+                    response = client.get(page)
+                    assert response.status_code == 200, (page, response.status_code)
+        assert len(pooled) >= 7 * len(pages), "the pages read through the pooler"
+        assert not other.captured_queries, [q["sql"] for q in other.captured_queries]  # and only there
+        assert str(live.pk) in client.get(changelist("message")).content.decode()
+        response = post_action(client, "deadletter", "replay", [dead.pk])
+        assert "1 replayed." in user_messages(response)
+    replayed = Message.objects.using("bouncer").get(replay_of=dead.pk)
+    assert replayed.payload == {"n": "dead"}
+    assert Message.objects.using("direct").filter(pk=replayed.pk).exists()  # through the pooler, on the server
