@@ -510,6 +510,19 @@ def database_for(queues: str | Iterable[str], using: str | None = None) -> str:
     return databases.pop()
 
 
+def queues_by_database(queues: Iterable[str]) -> dict[str, list[str]]:
+    """``queues`` grouped by the database each lives on (its DATABASE setting), in the order named."""
+    groups: dict[str, list[str]] = {}
+    for name in queues:
+        groups.setdefault(queue_options(name).database, []).append(name)
+    return groups
+
+
+def describe_placement(groups: dict[str, list[str]]) -> str:
+    """``default: a, b; other: c``: where grouped queues live, for an error message."""
+    return "; ".join(f"{alias}: {', '.join(names)}" for alias, names in groups.items())
+
+
 # --- TASKS backends ------------------------------------------------------------
 #
 # A ``TASKS`` backend served by django-dbqueue (django_dbqueue.tasks) gets its

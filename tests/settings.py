@@ -48,6 +48,13 @@ faulty = {**default, "TEST": {"MIRROR": "default"}}
 
 DATABASES = {"default": default, "queues": queues, "faulty": faulty}
 
+# The child processes of a test that cuts their connections (tests/test_pool.py) get its proxy's
+# port: their alias "faulty", where the queue "cut-off" lives, goes through the proxy.
+if os.environ.get("DBQUEUE_TEST_FAULTY_PORT"):
+    from tests.support.proxy import proxied_settings
+
+    DATABASES["faulty"] = proxied_settings(default, int(os.environ["DBQUEUE_TEST_FAULTY_PORT"]))
+
 # The high-availability tests (tox env ha-postgres, tests/test_ha_postgres.py): the default
 # database is a failover cluster; DBQUEUE_HA_DIRECT_URL names a second server ("direct"),
 # whose queue ha-direct flows while the cluster fails over, and DBQUEUE_PGBOUNCER_URL
@@ -114,6 +121,7 @@ DBQUEUE = {
         "no-archive": {"ARCHIVE": False},
         "short": {"VISIBILITY_TIMEOUT": 1, "MAX_ATTEMPTS": 2},
         "elsewhere": {"DATABASE": "queues"},
+        "cut-off": {"DATABASE": "faulty"},  # a database a test's proxy takes away (tests/test_pool.py)
         "t-retry": {"BACKOFF_BASE": 0},
         "a-outcomes": {"BACKOFF_BASE": 0, "MAX_ATTEMPTS": 2},
         # Flow control (tests/test_flow_control.py, tests/test_flow_processes.py).

@@ -17,15 +17,18 @@ import signal
 import sys
 import time
 from collections import Counter
+from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 import django_dbqueue
+from django_dbqueue.exceptions import InvalidOption
 from django_dbqueue.models import ArchivedMessage, Message, Outcome, Worker
-from django_dbqueue.worker import ExitStatus, WorkerConfig
+from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
 from django_dbqueue.worker import supervisor as supervisor_module
 from django_dbqueue.worker.supervisor import PoolConfig, Supervisor, child_environment, exit_text
 from tests.support.processes import ROOT, LoggedCommands, read_marks, wait_for
@@ -203,6 +206,48 @@ def test_the_reaper_and_the_schedules_run_in_one_child_only():
     assert args[args.index("--max-memory-per-child") + 1] == "300.0"
 
 
+def test_queues_on_two_databases_get_children_of_their_own_each_with_its_reaper_and_schedules():
+    config = WorkerConfig(queues=["w-ok", "elsewhere", "w-slow"], reap=True)
+    pool = Supervisor(config, PoolConfig(processes=3), command=["unused"])
+    assert pool.groups == {"default": ["w-ok", "w-slow"], "queues": ["elsewhere"]}
+    args = [pool.child_args(slot, 7) for slot in range(4)]
+    assert [a[: a.index("--concurrency")] for a in args] == [["w-ok", "w-slow"], ["elsewhere"]] * 2
+    assert ["--reap" in a for a in args] == [True, True, False, False]
+    assert ["--no-schedules" in a for a in args] == [False, False, True, True]
+    pool.resize(-1)
+    pool.resize(-1)
+    assert pool.target == 2  # never fewer children than databases
+    where = r"2 databases \(default: w-ok, w-slow; queues: elsewhere\)"
+    with pytest.raises(InvalidOption, match=where + ".* 2 or more, not 1"):
+        Supervisor(config, PoolConfig(processes=1), command=["unused"])
+    with pytest.raises(InvalidOption, match="--autoscale reads one database's backlog"):
+        Supervisor(config, PoolConfig(processes=2, min_processes=2, max_processes=3), command=["unused"])
+    with pytest.raises(InvalidOption, match=where + r" and one worker process serves one: run a pool \(--processes 2"):
+        QueueWorker(config)
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "faulty"])
+def test_a_pool_beats_in_each_database_and_one_that_fails_leaves_the_others_beating(fault_proxy, caplog):
+    pool = Supervisor(WorkerConfig(queues=["cut-off", "w-ok"]), PoolConfig(processes=2), command=["unused"])
+    assert pool.databases == ["faulty", "default"]  # the failing one is beaten first
+    pool.register()
+    Worker.objects.register("child-x", ["w-ok"], 1, supervisor=pool.name)
+    long_ago = timezone.now() - timedelta(hours=1)
+    Worker.objects.filter(name=pool.name).update(last_heartbeat_at=long_ago)
+    fault_proxy.cut("dbqueue_worker")  # the faulty database's next statement on the worker table
+    pool._dead_rows.put("child-x")
+    with caplog.at_level("WARNING", logger="django_dbqueue"):
+        pool._beat()
+    assert "a read or write of database 'faulty' failed" in caplog.text
+    assert Worker.objects.get(name=pool.name).last_heartbeat_at > long_ago  # beaten in "default" all the same
+    assert Worker.objects.stale(60).filter(name="child-x").exists()
+    assert pool._dead_rows.get_nowait() == "child-x"  # kept, to be marked again where it failed
+    fault_proxy.disarm()
+    caplog.clear()
+    pool._beat()
+    assert "failed" not in caplog.text and pool._dead_rows.empty()
+
+
 def test_exit_statuses_are_told_as_people_say_them():
     assert exit_text(1) == "exit status 1"
     assert exit_text(-signal.SIGKILL) == "killed by SIGKILL"
@@ -329,6 +374,52 @@ def test_a_pool_runs_children_that_name_their_supervisor_and_stops_gracefully(po
     assert ArchivedMessage.objects.get(message_id=slow.pk).outcome == Outcome.ACKED  # within the grace
     assert not Worker.objects.exists()
     assert not [pid for pid in pids if alive(pid)]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True, databases=["default", "queues"])
+def test_one_pool_serves_queues_on_two_databases_with_a_child_for_each(pools, tmp_path):
+    marks = tmp_path / "marks"
+    pool = pools.start("w-ok", "elsewhere", "--processes", 2, "--reap", "-v", 2, marks=marks)
+    _, children = wait_for_children(pool.pid, 2)
+    by_queue = {tuple(child.queues): child for child in children}
+    assert set(by_queue) == {("w-ok",), ("elsewhere",)}
+    here = [m.pk for m in django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(10)])]
+    there = [m.pk for m in django_dbqueue.enqueue_many("elsewhere", [{"n": n} for n in range(10)])]
+    assert Message.objects.using("queues").filter(pk__in=there).count() == 10
+    done = ArchivedMessage.objects.filter(message_id__in=here + there, outcome=Outcome.ACKED)
+    wait_for(lambda: done.count() == 20, what="the messages of both databases to be acked")
+    ran = {pk: pid for event, pk, pid in read_marks(marks) if event == "done"}
+    assert {ran[pk] for pk in here} == {by_queue[("w-ok",)].pid}
+    assert {ran[pk] for pk in there} == {by_queue[("elsewhere",)].pid}
+    pool.send_signal(signal.SIGTERM)
+    status, output = pools.finish(pool)
+    assert status == ExitStatus.OK, output
+    assert "(database default)" in output and "(database queues)" in output
+    assert output.count("reaper on") == 2  # the first child of each database reaps it
+    assert not Worker.objects.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True, databases=["default", "faulty"])
+def test_a_database_that_goes_away_stalls_only_the_children_serving_it(fault_proxy, pools, tmp_path):
+    """The queue "cut-off" lives on the alias "faulty", whose connections (the children's too) go through
+    a proxy; stopping the proxy takes that server away, connections cut and new ones refused."""
+    marks = tmp_path / "marks"
+    port = str(fault_proxy.port)
+    pool = pools.start("w-ok", "cut-off", "--processes", 2, "-v", 2, marks=marks, DBQUEUE_TEST_FAULTY_PORT=port)
+    wait_for_children(pool.pid, 2)
+    before = [m.pk for m in django_dbqueue.enqueue_many("cut-off", [{"n": n} for n in range(5)])]
+    acked = ArchivedMessage.objects.filter(outcome=Outcome.ACKED)
+    wait_for(lambda: acked.filter(message_id__in=before).count() == 5, what="the cut-off queue's messages")
+    fault_proxy.stop()
+    here = [m.pk for m in django_dbqueue.enqueue_many("w-ok", [{"n": n} for n in range(20)])]
+    wait_for(lambda: acked.filter(message_id__in=here).count() == 20, timeout=60, what="the other queue's messages")
+    assert pool.poll() is None  # the pool rides over it
+    pool.send_signal(signal.SIGTERM)
+    status, output = pools.finish(pool, timeout=120)
+    assert status == ExitStatus.OK, output
+    assert "could not remove its row on 'faulty'" in output  # told, and left to that database's reaper
 
 
 @pytest.mark.slow

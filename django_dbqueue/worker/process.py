@@ -39,7 +39,7 @@ from django.db import connections
 
 from .. import handlers as handler_registry
 from .._version import __version__
-from ..conf import database_for, get_settings, queue_options
+from ..conf import database_for, describe_placement, get_settings, queue_options, queues_by_database
 from ..console import event
 from ..db import describe
 from ..db.errors import DATABASE_TROUBLE
@@ -90,6 +90,13 @@ class QueueWorker:
         if not queues:
             raise InvalidOption("no queues to serve: name them, or register handlers in an app's queues.py")
         self.queues = validate_queues(queues)
+        groups = queues_by_database(self.queues)
+        if len(groups) > 1:
+            raise InvalidOption(
+                f"these queues live on {len(groups)} databases ({describe_placement(groups)}) and one worker "
+                f"process serves one: run a pool (--processes {len(groups)} or more, a child per database) "
+                "or a worker per database"
+            )
         self.using = database_for(self.queues)
         self.poll_interval = config.poll_interval or dbq.poll_interval
         self.max_poll_interval = max(config.max_poll_interval or dbq.max_poll_interval, self.poll_interval)

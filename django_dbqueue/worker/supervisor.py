@@ -28,6 +28,13 @@ status). The child gets the supervisor's environment, with its
 ``sys.path`` (the project's directories) in ``PYTHONPATH``, and runs in a
 process group of its own, so a terminal's CONTROL-C reaches the supervisor
 only.
+
+Queues on several databases (their ``DATABASE`` option) are served by one
+pool: each child serves the queues of one database (child ``slot`` those of
+database ``slot mod k``, in the order the queues were named), so that a
+database that fails stalls only its own children, and the first child of
+each database runs its reaper and schedules. The supervisor's row is kept
+in every one of them, each beat on its own.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ from django.db import connections
 
 from .. import handlers as handler_registry
 from .._version import __version__
-from ..conf import database_for, get_settings
+from ..conf import describe_placement, get_settings, queues_by_database
 from ..console import event
 from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import InvalidOption
@@ -208,7 +215,21 @@ class Supervisor:
         self.config = config
         self.pool = pool
         self.queues = validate_queues(queues)
-        self.using = database_for(self.queues)
+        self.groups = queues_by_database(self.queues)
+        self.databases = list(self.groups)
+        self.using = self.databases[0]
+        if len(self.databases) > 1:
+            where = describe_placement(self.groups)
+            if pool.min_processes is not None:
+                raise InvalidOption(
+                    f"--autoscale reads one database's backlog, and these queues live on {len(self.databases)} "
+                    f"({where}): run one autoscaled pool per database"
+                )
+            if pool.processes < len(self.databases):
+                raise InvalidOption(
+                    f"these queues live on {len(self.databases)} databases ({where}) and each child serves one: "
+                    f"give --processes {len(self.databases)} or more, not {pool.processes}"
+                )
         dbq = get_settings()
         self.grace = dbq.shutdown_grace if config.grace is None else config.grace
         self.heartbeat_interval = dbq.heartbeat_interval
@@ -256,11 +277,14 @@ class Supervisor:
     def child_args(self, slot: int, fd: int) -> list[str]:
         """The ``runqueueworker`` arguments of the child in ``slot``, whose end of its socket is ``fd``.
 
-        The reaper (``--reap``) and the schedules run in the child of slot 0
-        only: once per pool.
+        The child serves the queues of one database (`queues_by_database`); the
+        reaper (``--reap``) and the schedules run in the first child of each
+        database only: once per pool and database.
         """
         c = self.config
-        args = [*self.queues, "--concurrency", str(c.concurrency), "--batch-size", str(c.batch_size)]
+        first = slot < len(self.databases)
+        served = self.groups[self.databases[slot % len(self.databases)]]
+        args = [*served, "--concurrency", str(c.concurrency), "--batch-size", str(c.batch_size)]
         args += ["--async-concurrency", str(c.async_concurrency)]
         for option, value in (
             ("--async-timeout", c.async_timeout),
@@ -281,9 +305,9 @@ class Supervisor:
             timeout = getattr(c.handler, "timeout", None)
             if timeout is not None:
                 args += ["--exec-timeout", repr(timeout)]
-        if c.reap and slot == 0:
+        if c.reap and first:
             args.append("--reap")
-        if not c.schedules or slot != 0:
+        if not c.schedules or not first:
             args.append("--no-schedules")
         args += ["-v", str(self.pool.verbosity)]
         if self.pool.json_logs:
@@ -593,10 +617,10 @@ class Supervisor:
                 self.start_child(child.slot, replaces=child)
 
     def resize(self, by: int) -> None:
-        """SIGTTIN (+1) and SIGTTOU (-1): one child more or less, never fewer than one."""
-        target = max(1, self.target + by)
+        """SIGTTIN (+1) and SIGTTOU (-1): one child more or less, never fewer than one per database."""
+        target = max(len(self.databases), self.target + by)
         if target == self.target:
-            logger.info("pool %s: already at one child", self.name)
+            logger.info("pool %s: already at one child per database (%d)", self.name, target)
             return
         self.target = target
         if self.pool.max_processes is not None and target > self.pool.max_processes:
@@ -717,16 +741,19 @@ class Supervisor:
         with self._state_lock:
             self._state = state
 
-    def register(self) -> None:
-        WorkerRow.objects.using(self.using).register(
-            self.name, self.queues, self.config.concurrency, pool=self.pool_state()
-        )
+    def register(self, using: str | None = None) -> None:
+        """The supervisor's row, with the queues served there, in ``using`` (None: every database of the pool)."""
+        for alias in [using] if using else self.databases:
+            WorkerRow.objects.using(alias).register(
+                self.name, self.groups[alias], self.config.concurrency, pool=self.pool_state()
+            )
 
     def unregister(self) -> None:
-        try:
-            WorkerRow.objects.using(self.using).unregister(self.name)
-        except DATABASE_TROUBLE as exc:
-            logger.warning("pool %s: could not remove its row (%s); the reaper will", self.name, exc)
+        for alias in self.databases:
+            try:
+                WorkerRow.objects.using(alias).unregister(self.name)
+            except DATABASE_TROUBLE as exc:
+                logger.warning("pool %s: could not remove its row on %r (%s); the reaper will", self.name, alias, exc)
 
     def _monitor(self) -> None:
         """The supervisor's database work: every heartbeat its row, and the rows of children that died;
@@ -739,10 +766,10 @@ class Supervisor:
         try:
             while not finished.wait(interval):
                 now = time.monotonic()
+                if now - last_beat >= self.heartbeat_interval - interval / 2:
+                    last_beat = now
+                    self._beat()
                 try:
-                    if now - last_beat >= self.heartbeat_interval - interval / 2:
-                        last_beat = now
-                        self._beat()
                     if self.autoscaler is not None and now - last_reading >= self.autoscale_interval - interval / 2:
                         last_reading = now
                         self._readings.put(self.read_backlog())
@@ -763,20 +790,27 @@ class Supervisor:
         return Reading(waits=waits, held=messages.held_by(names))
 
     def _beat(self) -> None:
-        rows = WorkerRow.objects.using(self.using)
+        """The supervisor's row and its dead children's, in each database on its own: one that fails
+        is told in the log and tried again at the next beat, and the others' rows keep beating."""
         dead = []
         while not self._dead_rows.empty():
             dead.append(self._dead_rows.get())
-        try:
-            rows.mark_dead(dead)
-        except DATABASE_TROUBLE:
-            for name in dead:
-                self._dead_rows.put(name)
-            raise
         with self._state_lock:
             state = dict(self._state)
-        if not rows.beat_pool(self.name, state):
-            self.register()  # the reaper took it for dead (a long pause): say it is back
+        failed = False
+        for alias in self.databases:
+            rows = WorkerRow.objects.using(alias)
+            try:
+                rows.mark_dead(dead)  # a child's row is in its own database; a name found nowhere changes nothing
+                if not rows.beat_pool(self.name, state):
+                    self.register(alias)  # the reaper took it for dead (a long pause): say it is back
+            except DATABASE_TROUBLE as exc:
+                failed = True
+                logger.warning("pool %s: a read or write of database %r failed (%s)", self.name, alias, exc)
+                connections[alias].close()
+        if failed:  # marked again next time, where it worked too: marking is idempotent
+            for name in dead:
+                self._dead_rows.put(name)
 
     # --- the log ---------------------------------------------------------------
 
@@ -791,7 +825,7 @@ class Supervisor:
             limits.append(f"{self.pool.max_memory_per_child:g} MB")
         lines = [
             f"django-dbqueue {__version__} pool {self.name}",
-            f"  queues       {', '.join(self.queues)} (database {self.using})",
+            *(f"  queues       {', '.join(names)} (database {alias})" for alias, names in self.groups.items()),
             f"  processes    {self.target}{bounds}, each with concurrency {self.config.concurrency}",
             f"  recycling    {'a child past ' + ' or '.join(limits) if limits else 'off'}",
             "  stop with CONTROL-C or SIGTERM (a second one stops at once); SIGHUP restarts every child;",

@@ -32,6 +32,8 @@ def mark(event: str, message) -> None:
 
 
 @django_dbqueue.handler("w-ok")
+@django_dbqueue.handler("elsewhere")  # queues on other aliases (tests/settings.py)
+@django_dbqueue.handler("cut-off")
 def ok(message):
     mark("done", message)
     return message.payload
