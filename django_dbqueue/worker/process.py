@@ -39,7 +39,7 @@ from django.db import connections
 
 from .. import handlers as handler_registry
 from .._version import __version__
-from ..conf import database_for, describe_placement, get_settings, queue_options, queues_by_database
+from ..conf import describe_placement, get_settings, queue_options, queues_by_database
 from ..console import event
 from ..db import describe
 from ..db.errors import DATABASE_TROUBLE
@@ -97,7 +97,7 @@ class QueueWorker:
                 f"process serves one: run a pool (--processes {len(groups)} or more, a child per database) "
                 "or a worker per database"
             )
-        self.using = database_for(self.queues)
+        self.using = next(iter(groups))
         self.poll_interval = config.poll_interval or dbq.poll_interval
         self.max_poll_interval = max(config.max_poll_interval or dbq.max_poll_interval, self.poll_interval)
         self.grace = dbq.shutdown_grace if config.grace is None else config.grace
