@@ -27,7 +27,7 @@ from django_dbqueue import enqueue_many
 from django_dbqueue.db import errors
 from django_dbqueue.db.clock import db_now
 from django_dbqueue.reaper import lock_name as reaper_lock_name
-from tests.support.processes import LoggedCommands, read_marks, start_command, wait_for
+from tests.support.processes import LoggedCommands, read_marks, retried, start_command, wait_for
 
 pytestmark = [pytest.mark.galera, pytest.mark.django_db(transaction=True)]
 
@@ -194,7 +194,7 @@ def stop_workers(workers: LoggedCommands, processes) -> str:
 
 def conflicts(log: str) -> int:
     """How many of the workers' retries were Galera's certification conflicts (error 1213 at COMMIT)."""
-    return sum("retrying" in line and "1213" in line for line in log.splitlines())
+    return sum("1213" in line for line in retried(log))
 
 
 @pytest.mark.slow
@@ -217,7 +217,7 @@ def test_single_writer_rides_over_the_writing_node_killed_and_rejoining(cluster,
     log = stop_workers(workers, processes)
     stall = progress.longest_stall(killed_at)
     twice = assert_each_acked_once(cluster, count, marks)
-    assert "retrying" in log  # the lost connections were weather: logged, retried, survived
+    assert retried(log)  # the lost connections were weather: logged, retried, survived
     print(
         f"single writer, node {writer} killed: {stall:.1f} s without progress, {twice} message(s) run twice; "
         f"{count} messages in {elapsed:.0f} s, kill and rejoin included"
@@ -311,7 +311,7 @@ def drain_through_a_cut(cluster, workers, tmp_path, cut: str, during=None):
     log = stop_workers(workers, processes)
     cluster("heal", writer)
     twice = assert_each_acked_once(cluster, count, marks)
-    assert "retrying" in log  # the workers met the cut as weather and went on
+    assert retried(log)  # the workers met the cut as weather and went on
     stall = progress.longest_stall(cut_at)
     print(f"node {writer} ({cut}): {stall:.1f} s without progress, {twice} message(s) run twice")
     return seen
@@ -366,8 +366,8 @@ def test_the_reapers_lock_is_local_to_a_node_and_reapers_racing_archive_each_mes
     )[0]
     assert (rows[0], rows[1], int(rows[2])) == (count, count, count)
     assert cluster.query(2, "SELECT COUNT(*) FROM dbqueue_message")[0][0] == 0
-    retried = sum(stderr.count("1213") for _, stderr in outputs)
-    print(f"reapers on nodes 2 and 3 at once: {stdouts[1:]}, {retried} conflict(s) retried")
+    conflicts_retried = sum(stderr.count("1213") for _, stderr in outputs)
+    print(f"reapers on nodes 2 and 3 at once: {stdouts[1:]}, {conflicts_retried} conflict(s) retried")
 
 
 def test_every_table_is_innodb_with_a_primary_key(cluster):

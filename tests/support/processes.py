@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,17 @@ def read_marks(path: Path) -> list[tuple[str, int, int]]:
         event, pk, pid = line.split()
         rows.append((event, int(pk), int(pid)))
     return rows
+
+
+# A transient error met and retried is logged in one of two forms: by the retry around one statement
+# (``claim on 'default' hit ...; retry 1 of 5``) or, once those retries are spent, by the loop that
+# runs it again (``worker w: ack failed (...); retrying``). Which one a fault shows depends on timing.
+RETRIED = re.compile(r"; retry \d+ of \d+$|; retrying$", re.MULTILINE)
+
+
+def retried(log: str) -> list[str]:
+    """The lines of a process's log that say it met a transient database error and retried."""
+    return [line for line in log.splitlines() if RETRIED.search(line)]
 
 
 def wait_for(condition, timeout: float = 60, interval: float = 0.05, what: str = "condition"):
