@@ -147,6 +147,7 @@ def test_many_async_messages_run_once_with_far_more_in_flight_than_threads(worke
     assert max(row.result["in_flight"] for row in rows.values()) >= 50
 
 
+@pytest.mark.slow
 def test_cancel_of_a_running_async_handler_is_asyncio_cancellation(workers):
     message = django_dbqueue.enqueue("a-sleep", {"sleep": 60})
     worker = workers.start("a-sleep", "--no-schedules")
@@ -169,6 +170,7 @@ def test_an_async_handler_past_its_timeout_is_cancelled_and_fails(workers):
     assert "HandlerTimeout" in row.last_error and "longer than 0.5s" in row.last_error
 
 
+@pytest.mark.slow
 def test_async_outcomes_retries_dead_letters_progress_and_a_blocked_loop(workers):
     """MAX_ATTEMPTS 2 and no backoff on a-outcomes (tests/settings.py)."""
     failing = django_dbqueue.enqueue("a-outcomes", {"action": "raise"})
@@ -189,6 +191,7 @@ def test_async_outcomes_retries_dead_letters_progress_and_a_blocked_loop(workers
     assert "the event loop has been blocked" in output and f"message {blocking.pk}" in output
 
 
+@pytest.mark.slow
 def test_the_heartbeat_extends_a_running_async_handler_s_lease_and_writes_its_progress(workers):
     """A lease of 5 s and a handler of 12 s: without the heartbeat the second worker would claim it again."""
     message = django_dbqueue.enqueue("a-outcomes", {"action": "progress", "sleep": 12})

@@ -18,7 +18,7 @@ import django_dbqueue
 from django_dbqueue.db.clock import db_now
 from django_dbqueue.models import Message, RateSlot, flow
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 GROUPS, PER_GROUP = 1000, 4
 

@@ -212,6 +212,7 @@ def test_a_handler_that_gives_up_its_own_message_is_lease_lost_once(tmp_path, ba
 # --- a killed thread -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_crashed_consumer_thread_exits_non_zero_and_loses_nothing(tmp_path):
     """An unexpected error in a consumer's loop ended the worker with status 0, or left it with a thread less."""
     marks = tmp_path / "marks"
@@ -257,6 +258,7 @@ def test_a_failed_reaper_pass_is_logged_and_reapqueue_loop_goes_on():
     assert not Worker.objects.exists()
 
 
+@pytest.mark.slow
 def test_a_failed_reaper_pass_does_not_stop_a_worker_that_reaps(tmp_path):
     """``runqueueworker --reap``: a failed pass crashed the reaper thread, and with it the worker."""
     marks = tmp_path / "marks"

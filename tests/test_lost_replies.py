@@ -356,6 +356,7 @@ def test_a_worker_whose_connection_is_cut_goes_on_and_loses_nothing(
     assert "lease lost" not in caplog.text  # an ack that committed is not reported as lost
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_a_heartbeat_whose_connection_is_cut_keeps_the_lease_at_its_next_beat(
     fault_proxy, settings, handler, caplog, when
@@ -391,6 +392,7 @@ UNARCHIVED_ACK_CUTS = {
 }
 
 
+@pytest.mark.slow
 def test_a_worker_whose_unarchived_ack_lost_its_reply_says_it_is_unknown_not_lease_lost(
     fault_proxy, settings, handler, caplog
 ):

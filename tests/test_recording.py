@@ -189,6 +189,7 @@ def test_when_nothing_can_be_stored_the_message_is_left_to_its_lease(monkeypatch
     assert ArchivedMessage.objects.get(message_id=following.pk).outcome == Outcome.ACKED
 
 
+@pytest.mark.slow
 def test_a_write_the_server_drops_every_time_is_not_retried_for_ever():
     """MariaDB drops the connection on a statement past max_allowed_packet: "gone away", which looks like weather."""
     if connection.vendor != "mysql":

@@ -85,6 +85,7 @@ def test_stopped_for_10_slots_each_catch_up_policy_does_what_it_promises():
     assert "s-none: passed over" in output and "s-all: passed over" in output
 
 
+@pytest.mark.slow
 def test_every_worker_fires_schedules_unless_told_not_to():
     tick = json.dumps({"tick": {"EVERY": 1, "QUEUE": "w-ok", "GRACE": 10}})
     worker = start_worker("w-ok", "--max-runtime", 5, DBQUEUE_TEST_SCHEDULES=tick)

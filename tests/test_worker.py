@@ -238,6 +238,7 @@ def test_paused_queue_is_skipped():
     assert Message.objects.count() == 0
 
 
+@pytest.mark.slow
 def test_heartbeat_keeps_long_work_leased(settings):
     settings.DBQUEUE = {**settings.DBQUEUE, "HEARTBEAT_INTERVAL": 0.2, "WORKER_STALE_AFTER": 5}
     message = django_dbqueue.enqueue("w-slow", {"sleep": 2.5})
@@ -284,6 +285,7 @@ def test_worker_row_while_running(tmp_path):
     assert not Worker.objects.filter(pid=worker.pid).exists()
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_running_handler_and_releases_the_rest_at_once(tmp_path):
     marks = tmp_path / "marks"
     slow = django_dbqueue.enqueue("w-slow", {"sleep": 4}, priority=-1)
@@ -305,6 +307,7 @@ def test_sigterm_finishes_the_running_handler_and_releases_the_rest_at_once(tmp_
     assert ("start", rest[0], worker.pid) not in read_marks(marks)
 
 
+@pytest.mark.slow
 def test_leases_are_kept_through_the_shutdown_grace(tmp_path):
     marks = tmp_path / "marks"
     slow = django_dbqueue.enqueue("w-slow", {"sleep": 10})
@@ -346,6 +349,7 @@ def test_second_signal_exits_at_once(tmp_path):
     assert Message.objects.in_flight().get().pk == slow.pk  # its lease will expire
 
 
+@pytest.mark.slow
 def test_killed_worker_message_runs_again_within_15_seconds(tmp_path):
     """Default settings; a lease of 10 minutes; the reaper sees the silent heartbeat."""
     marks = tmp_path / "marks"
@@ -371,6 +375,7 @@ def test_killed_worker_message_runs_again_within_15_seconds(tmp_path):
     assert not Worker.objects.exists()
 
 
+@pytest.mark.slow
 def test_poison_message_is_dead_lettered_while_others_flow(tmp_path):
     marks = tmp_path / "marks"
     poison = django_dbqueue.enqueue("w-poison", {}, max_attempts=2)
