@@ -47,8 +47,8 @@ def archive(django_db_setup, django_db_blocker):
         QueueStat.objects.all().delete()
 
 
-def assert_matches_reference(rows, since=SINCE, until=UNTIL):
-    expected = reference(rows, LIVE, since, until)
+def assert_matches_reference(rows, since=SINCE, until=UNTIL, live=LIVE):
+    expected = reference(rows, live, since, until)
     stats = {(s.hour, s.queue, s.kind): s for s in QueueStat.objects.filter(hour__gte=since, hour__lt=until)}
     assert set(stats) == set(expected)
     for key, want in expected.items():

@@ -17,12 +17,14 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import reduce
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db.models import Count, Max, Min, Q
 
 from ...exceptions import DbQueueError
 from ...models import ArchivedMessage, Message
+from ...models.partitions import ArchiveLayout
 from .jdbc import JdbcTarget, jdbc_target
 
 if TYPE_CHECKING:
@@ -95,6 +97,45 @@ def in_window(column: str, window: Window) -> Column:
     return condition
 
 
+def aligned_slices(
+    uppers: list[datetime | None], floor: datetime, until: datetime, tasks: int
+) -> list[tuple[datetime, datetime | None]]:
+    """Half-open ``finished_at`` ranges from ``floor`` on, each inside one partition, for a partitioned read.
+
+    ``uppers`` are the partitions' upper bounds (None: the catch-all). The ranges
+    join up with nothing between them, so together they read every row from
+    ``floor`` on wherever it lies (a PostgreSQL default partition too). A
+    partition the window's finish times (before ``until``) fall in is cut into
+    equal stretches of time when there are fewer such partitions than
+    ``tasks``, so that Spark still has a task per core.
+    """
+    edges = [floor, *sorted({upper for upper in uppers if upper is not None and upper > floor})]
+    slices = list(zip(edges, [*edges[1:], None], strict=True))
+    busy = sum(1 for lower, _ in slices if lower < until)
+    pieces = max(1, -(-tasks // busy))
+    aligned: list[tuple[datetime, datetime | None]] = []
+    for lower, upper in slices:
+        end = until if upper is None or upper > until else upper
+        if pieces == 1 or lower >= end:
+            aligned.append((lower, upper))
+            continue
+        step = (end - lower) / pieces
+        points = [lower + step * i for i in range(pieces)] + [end]
+        aligned.extend(pairwise(points))
+        if upper is None or upper > end:
+            aligned.append((end, upper))
+    return aligned
+
+
+def slice_predicates(target: JdbcTarget, slices: list[tuple[datetime, datetime | None]]) -> list[str]:
+    """A WHERE condition on ``finished_at`` per slice: Spark runs a task for each."""
+    col = target.quote("finished_at")
+    return [
+        f"{col} >= {target.timestamp(lower)}" + (f" AND {col} < {target.timestamp(upper)}" if upper else "")
+        for lower, upper in slices
+    ]
+
+
 @dataclass(frozen=True)
 class Frames:
     archive: DataFrame
@@ -107,7 +148,10 @@ class Source(Protocol):
 
 
 class JdbcSource:
-    """Reads the Django database ``using`` with partitioned JDBC reads (``id`` ranges, one per task)."""
+    """Reads the Django database ``using`` with partitioned JDBC reads.
+
+    A task per ``id`` range; on a partitioned archive, a task per partition of ``finished_at`` (or stretch of one).
+    """
 
     def __init__(self, using: str = "default", partitions: int | None = None) -> None:
         self.using = using
@@ -131,8 +175,16 @@ class JdbcSource:
         )
         archive_sql = self._archive_query(target, window)
         live_sql = self._live_query(target, window)
+        uppers = [partition.upper for partition in ArchiveLayout(self.using).partitions()]
+        if uppers and archive_bounds["n"]:
+            # A partitioned archive: a task per partition (or stretch of one), its rows pruned to it.
+            floor = window.since - CLOCK_SKEW
+            slices = aligned_slices(uppers, floor, window.until, partitions)
+            archive = self._load_slices(spark, target, window, slices)
+        else:
+            archive = self._load(spark, target, archive_sql, ARCHIVE_SCHEMA, archive_bounds, partitions)
         return Frames(
-            archive=self._load(spark, target, archive_sql, ARCHIVE_SCHEMA, archive_bounds, partitions),
+            archive=archive,
             live=self._load(spark, target, live_sql, LIVE_SCHEMA, live_bounds, partitions),
             rows=archive_bounds["n"] + live_bounds["n"],
         )
@@ -149,13 +201,15 @@ class JdbcSource:
             + ")"
         )
 
-    def _archive_query(self, target: JdbcTarget, window: Window) -> str:
+    def _archive_query(self, target: JdbcTarget, window: Window, with_finished_at: bool = False) -> str:
         q = target.quote
+        # A partitioned read's predicates name finished_at itself, so that the database prunes to a partition.
+        raw = f", {q('finished_at')}" if with_finished_at else ""
         return (
             f"(SELECT {q('id')}, {q('queue')}, {q('kind')}, {q('outcome')}, {q('attempts')}, "
             f"{target.epoch('created_at')} AS created, {target.epoch('first_available_at')} AS first_available, "
             f"{target.epoch('claimed_at')} AS claimed, {target.epoch('finished_at')} AS finished, "
-            f"CASE WHEN {q('outcome')} = 'dead' THEN {q('last_error')} END AS last_error "
+            f"CASE WHEN {q('outcome')} = 'dead' THEN {q('last_error')} END AS last_error{raw} "
             f"FROM {q(ArchivedMessage._meta.db_table)} "
             f"WHERE {q('finished_at')} >= {target.timestamp(window.since - CLOCK_SKEW)} "
             f"AND ({self._between(target, 'finished_at', window)} OR {self._between(target, 'created_at', window)})"
@@ -168,6 +222,22 @@ class JdbcSource:
             f"(SELECT {q('id')}, {q('queue')}, {q('kind')}, {target.epoch('created_at')} AS created "
             f"FROM {q(Message._meta.db_table)} WHERE {self._between(target, 'created_at', window)}) live_window"
         )
+
+    def _load_slices(
+        self,
+        spark: SparkSession,
+        target: JdbcTarget,
+        window: Window,
+        slices: list[tuple[datetime, datetime | None]],
+    ) -> DataFrame:
+        reader = spark.read.options(customSchema=ARCHIVE_SCHEMA, fetchsize=str(FETCH_SIZE))
+        table = self.partitioned_archive_query(target, window)
+        predicates = slice_predicates(target, slices)
+        return reader.jdbc(target.url, table, predicates=predicates, properties=target.properties).drop("finished_at")
+
+    def partitioned_archive_query(self, target: JdbcTarget, window: Window) -> str:
+        """The archive's read as a derived table that shows ``finished_at``, for `slice_predicates` to prune by."""
+        return self._archive_query(target, window, with_finished_at=True)
 
     @staticmethod
     def _load(
