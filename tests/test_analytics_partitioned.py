@@ -17,7 +17,9 @@ from django_dbqueue.contrib.spark.source import CLOCK_SKEW, JdbcSource, Window, 
 from django_dbqueue.contrib.spark.synthetic import archive_rows, insert_archive
 from django_dbqueue.models import ArchivedMessage, QueueStat
 from django_dbqueue.models.partitions import ArchiveLayout
+from tests.support.plans import partition_plan
 from tests.test_analytics import assert_matches_reference
+from tests.test_analytics_slices import partition_of
 
 pytestmark = [
     pytest.mark.spark,
@@ -50,8 +52,8 @@ def archive(django_db_setup, django_db_blocker):
 
 
 def partition_index(finished: float, uppers: list[datetime | None]) -> int:
-    ranged = [upper.timestamp() for upper in uppers if upper is not None]
-    return next((i for i, upper in enumerate(ranged) if finished < upper), len(ranged))
+    """The partition a row's ``finished`` (seconds since the epoch, as Spark reads it) lies in."""
+    return partition_of(datetime.fromtimestamp(finished, UTC), uppers)
 
 
 def test_each_task_reads_inside_one_partition_and_the_figures_equal_the_reference(archive, spark):
@@ -83,17 +85,10 @@ def test_a_task_s_query_reads_only_its_partition(archive):
     partitions = ArchiveLayout().partitions()
     uppers = [partition.upper for partition in partitions]
     window = Window(SINCE, UNTIL)
-    table = JdbcSource().partitioned_archive_query(target, window)
+    table = JdbcSource().archive_query(target, window, with_finished_at=True)
     slices = aligned_slices(uppers, SINCE - CLOCK_SKEW, UNTIL, 4)
     names = [partition.name for partition in partitions]
     for (lower, _), predicate in zip(slices, slice_predicates(target, slices), strict=True):
-        with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute(f"EXPLAIN SELECT * FROM {table} WHERE {predicate}")
-                plan = "\n".join(row[0] for row in cursor.fetchall())
-            else:
-                cursor.execute(f"EXPLAIN PARTITIONS SELECT * FROM {table} WHERE {predicate}")
-                columns = [c[0] for c in cursor.description]
-                plan = "\n".join(str(dict(zip(columns, row, strict=True))["partitions"]) for row in cursor.fetchall())
+        plan = partition_plan(f"SELECT * FROM {table} WHERE {predicate}")
         scanned = [name for name in names if name in plan]
-        assert scanned == [names[partition_index(lower.timestamp(), uppers)]], (predicate, plan)
+        assert scanned == [names[partition_of(lower, uppers)]], (predicate, plan)

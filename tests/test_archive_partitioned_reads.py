@@ -18,6 +18,7 @@ from django.db.models import Q
 from django_dbqueue.models import ArchivedMessage
 from django_dbqueue.models.partitions import ArchiveLayout
 from tests.support.factories import ArchivedMessageFactory
+from tests.support.plans import partition_plan
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -85,15 +86,8 @@ def test_the_archive_is_partitioned_for_these_tests():
 
 
 def explain(queryset):
-    """The plan of ``queryset`` as one text: PostgreSQL names the partitions it scans, MariaDB/MySQL lists them."""
-    sql, params = queryset.query.sql_with_params()
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(f"EXPLAIN {sql}", params)
-            return "\n".join(row[0] for row in cursor.fetchall())
-        cursor.execute(f"EXPLAIN PARTITIONS {sql}", params)
-        columns = [c[0] for c in cursor.description]
-        return "\n".join(str(dict(zip(columns, row, strict=True))["partitions"]) for row in cursor.fetchall())
+    """The plan of ``queryset`` as one text naming the partitions it reads."""
+    return partition_plan(*queryset.query.sql_with_params())
 
 
 def test_a_time_bounded_read_touches_only_the_partitions_of_its_range():

@@ -173,14 +173,13 @@ class JdbcSource:
             .filter(window.q("created_at"))
             .aggregate(lo=Min("id"), hi=Max("id"), n=Count("id"))
         )
-        archive_sql = self._archive_query(target, window)
-        live_sql = self._live_query(target, window)
         uppers = [partition.upper for partition in ArchiveLayout(self.using).partitions()]
+        archive_sql = self.archive_query(target, window, with_finished_at=bool(uppers))
+        live_sql = self._live_query(target, window)
         if uppers and archive_bounds["n"]:
             # A partitioned archive: a task per partition (or stretch of one), its rows pruned to it.
-            floor = window.since - CLOCK_SKEW
-            slices = aligned_slices(uppers, floor, window.until, partitions)
-            archive = self._load_slices(spark, target, window, slices)
+            slices = aligned_slices(uppers, window.since - CLOCK_SKEW, window.until, partitions)
+            archive = self._load_slices(spark, target, archive_sql, slices)
         else:
             archive = self._load(spark, target, archive_sql, ARCHIVE_SCHEMA, archive_bounds, partitions)
         return Frames(
@@ -201,7 +200,8 @@ class JdbcSource:
             + ")"
         )
 
-    def _archive_query(self, target: JdbcTarget, window: Window, with_finished_at: bool = False) -> str:
+    def archive_query(self, target: JdbcTarget, window: Window, with_finished_at: bool = False) -> str:
+        """The archive rows of ``window`` as a derived table; ``with_finished_at`` for `slice_predicates`."""
         q = target.quote
         # A partitioned read's predicates name finished_at itself, so that the database prunes to a partition.
         raw = f", {q('finished_at')}" if with_finished_at else ""
@@ -223,21 +223,13 @@ class JdbcSource:
             f"FROM {q(Message._meta.db_table)} WHERE {self._between(target, 'created_at', window)}) live_window"
         )
 
+    @staticmethod
     def _load_slices(
-        self,
-        spark: SparkSession,
-        target: JdbcTarget,
-        window: Window,
-        slices: list[tuple[datetime, datetime | None]],
+        spark: SparkSession, target: JdbcTarget, table: str, slices: list[tuple[datetime, datetime | None]]
     ) -> DataFrame:
         reader = spark.read.options(customSchema=ARCHIVE_SCHEMA, fetchsize=str(FETCH_SIZE))
-        table = self.partitioned_archive_query(target, window)
         predicates = slice_predicates(target, slices)
         return reader.jdbc(target.url, table, predicates=predicates, properties=target.properties).drop("finished_at")
-
-    def partitioned_archive_query(self, target: JdbcTarget, window: Window) -> str:
-        """The archive's read as a derived table that shows ``finished_at``, for `slice_predicates` to prune by."""
-        return self._archive_query(target, window, with_finished_at=True)
 
     @staticmethod
     def _load(
