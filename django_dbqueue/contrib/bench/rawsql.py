@@ -36,6 +36,12 @@ ARCHIVE_SELECT = (
     "{now}, expires_at, attempts, max_attempts, 'acked', claimed_by, last_error, replay_of, ''"
 )
 
+# A message claimed and finished in one transaction: claimed now, by the worker given, on its next attempt.
+ARCHIVE_SELECT_AT_ONCE = (
+    "id, queue, kind, {key}, payload, headers, priority, created_at, first_available_at, {now}, "
+    "{now}, expires_at, attempts + 1, max_attempts, 'acked', {p}, last_error, replay_of, ''"
+)
+
 
 class RawProtocol:
     """One connection's worth of raw-SQL queue operations."""
@@ -99,6 +105,37 @@ class RawProtocol:
             )
         cursor.execute("COMMIT")
         return token, ids
+
+    def run_one(self, queue: str, worker: str, job: Any) -> bool:
+        """Claim one message, run ``job(id)``, archive and delete it: one transaction, one commit.
+
+        The loop a careful user writes by hand for database-only jobs (the
+        job's writes commit with the acknowledgement, or not at all); the
+        ``peers`` phase's baseline. False when nothing was ready.
+        """
+        p = self.placeholder
+        cursor = self.raw.cursor()
+        self._begin(cursor)
+        lock = "" if self.vendor == "sqlite" else " FOR UPDATE SKIP LOCKED"
+        cursor.execute(
+            f"SELECT id FROM dbqueue_message WHERE queue = {p} AND available_at <= {self.now} "
+            f"ORDER BY priority, available_at, id LIMIT 1{lock}",
+            [queue],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            cursor.execute("COMMIT")
+            return False
+        pk = row[0]
+        job(pk)
+        cursor.execute(
+            f"INSERT INTO dbqueue_archive ({ARCHIVE_COLUMNS.format(key=self.key)}) "
+            f"SELECT {ARCHIVE_SELECT_AT_ONCE.format(key=self.key, now=self.now, p=p)} FROM dbqueue_message WHERE id = {p}",
+            [worker, pk],
+        )
+        cursor.execute(f"DELETE FROM dbqueue_message WHERE id = {p}", [pk])
+        cursor.execute("COMMIT")
+        return True
 
     def ack(self, token: str, ids: list[int]) -> int:
         """Archive and delete the messages still leased with ``token``."""

@@ -146,6 +146,23 @@ def raw_worker(
     connections.close_all()
 
 
+def raw_txn_worker(
+    queue: str, batch_size: int, until_empty: bool = True, max_runtime: float | None = None, handler: str = "noop"
+) -> None:
+    """The raw loop of one transaction per message: claim, the handler's write, archive, delete, one COMMIT."""
+    protocol = RawProtocol()
+    run = HANDLERS[handler]
+    name = f"{socket.gethostname()}:{os.getpid()}:raw"
+    deadline = time.monotonic() + (max_runtime or 1e9)
+    while time.monotonic() < deadline:
+        if protocol.run_one(queue, name, lambda pk: run(SimpleNamespace(pk=pk))):
+            continue
+        if until_empty:
+            break
+        time.sleep(0.01)
+    connections.close_all()
+
+
 def run_role(
     role: str,
     queue: str,
@@ -171,6 +188,7 @@ def run_role(
 ROLES = {
     "orm-worker": orm_worker,
     "raw-worker": raw_worker,
+    "raw-txn-worker": raw_txn_worker,
     "default-worker": default_worker,
     "memory-worker": memory_worker,
 }

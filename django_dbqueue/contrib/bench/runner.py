@@ -51,6 +51,7 @@ PHASES = (
     "drain",
     "drain_write",
     "per_message",
+    "peers",
     "drain_groups",
     "latency",
     "claim_latency",
@@ -95,6 +96,7 @@ class BenchConfig:
     scheduled: int = 10_000
     memory_messages: int = 100_000
     per_message_messages: int = 2_000
+    peers_messages: int = 5_000  # the peers phase: as many jobs as the comparison with other queues drained
     repeat: int = 1
     soak_messages: int = 1_000_000
     idle_seconds: float = 10.0
@@ -367,6 +369,32 @@ class QueueBench:
         messages = self.config.per_message_messages
         name = "per_message (1 default worker)"
         return [self._drain_phase(name, workers=1, batch_size=1, messages=messages, handler="noop")]
+
+    def phase_peers(self) -> list[Result]:
+        """``runqueueworker`` with no flags, 1 and W processes, jobs that write one row each, against the loop a
+        user writes by hand: one transaction per message (claim, the job's row, archive, delete, one COMMIT).
+
+        The shape of the comparison with other queues (docs/benchmarks.md,
+        "Against other queues"): their defaults against ours.
+        """
+        messages = self.config.peers_messages
+        results = []
+        for workers in sorted({1, self.config.workers}):
+            sizes: dict[str, Any] = {"workers": workers, "messages": messages, "handler": "write"}
+            baseline, raw_cpu = self._drain("raw-txn-worker", batch_size=1, **sizes)
+            ours, our_cpu = self._drain("default-worker", batch_size=1, **sizes)
+            extra = {
+                **sizes,
+                "batch_size": "runqueueworker's default",
+                "cpu_ms_per_message": our_cpu,
+                "raw_cpu_ms_per_message": raw_cpu,
+                "cpu_ratio": our_cpu / raw_cpu if raw_cpu else 0.0,
+                "ms_per_message": 1000 / ours,
+                "raw_ms_per_message": 1000 / baseline,
+            }
+            name = f"peers ({workers} default worker{'s' if workers > 1 else ''}, one-row jobs)"
+            results.append(Result(name, ours, "messages/s", baseline, extra))
+        return results
 
     def phase_latency(self) -> list[Result]:
         """Enqueue at a fixed rate while workers run; latency = claim time - enqueue time.

@@ -46,6 +46,12 @@ class Command(BaseCommand):
             help="Messages of the per_message phase (one default worker against the raw per-message loop).",
         )
         parser.add_argument(
+            "--peers-messages",
+            type=positive_int,
+            default=5_000,
+            help="Jobs of the peers phase (default workers with one-row jobs against one transaction per message).",
+        )
+        parser.add_argument(
             "--soak-messages",
             type=positive_int,
             default=1_000_000,
@@ -126,6 +132,7 @@ class Command(BaseCommand):
             scheduled=options["scheduled"],
             memory_messages=options["memory_messages"],
             per_message_messages=options["per_message_messages"],
+            peers_messages=options["peers_messages"],
             repeat=options["repeat"],
             soak_messages=options["soak_messages"],
             idle_seconds=options["idle_seconds"],
