@@ -26,6 +26,7 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
         "--scheduled=200",
         "--memory-messages=2000",
         "--per-message-messages=100",
+        "--peers-messages=200",
         "--cpu-messages=40",
         "--json",
     )
@@ -37,6 +38,7 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
         "drain",
         "drain_write",
         "per_message",
+        "peers",
         "drain_groups",
         "end-to-end latency",
         "claim+ack median, loaded tables",
@@ -54,6 +56,12 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
     assert phases["per_message"]["extra"]["batch_size"] == 1 and phases["per_message"]["extra"]["workers"] == 1
     assert phases["per_message"]["extra"]["messages"] == 100
     assert phases["drain_write"]["extra"]["handler"] == "write"
+    # peers: 1 and --workers default workers, each against the one-transaction-per-message loop.
+    peers = [r for r in report["results"] if r["phase"].startswith("peers")]
+    assert [r["extra"]["workers"] for r in peers] == [1, 2]
+    for result in peers:
+        assert result["ours"] > 0 and result["baseline"] > 0 and result["extra"]["messages"] == 200
+        assert result["extra"]["cpu_ms_per_message"] > 0 and result["extra"]["raw_cpu_ms_per_message"] > 0
     groups = phases["drain_groups"]
     # Against our own drain of the same messages in no group, each side's CPU per message reported.
     assert groups["ours"] > 0 and groups["baseline"] > 0 and groups["extra"]["groups"] == 1000
@@ -107,6 +115,28 @@ def test_soak_drains_every_message_once_and_reports_tenths(monkeypatch, capsys):
         assert {"table_bytes", "index_bytes"} <= set(size)
         if connection.vendor != "sqlite":
             assert size["table_bytes"] >= 0 and size["index_bytes"] >= 0
+    assert not Message.objects.filter(queue__startswith="queuebench.").exists()
+
+
+def test_fairness_and_sigkill_measure_the_default_against_fixed_batches(monkeypatch, capsys, settings):
+    monkeypatch.setenv("DBQUEUE_TEST_DATABASE_NAME", str(connection.settings_dict["NAME"]))
+    # The phase waits WORKER_STALE_AFTER for the reaper to take the killed worker for dead.
+    settings.DBQUEUE = {**settings.DBQUEUE, "HEARTBEAT_INTERVAL": 0.4, "WORKER_STALE_AFTER": 1}
+    call_command("queuebench", "--phases=fairness,sigkill", "--messages=150", "--workers=2", "--json")
+    fairness, sigkill = json.loads(capsys.readouterr().out)["results"]
+    assert fairness["phase"].startswith("fairness") and fairness["extra"]["messages"] == 400
+    for label in ("adaptive", "batch 1", "batch 20"):
+        run = fairness["extra"][label]
+        # A 2 s job is among them: no drain is shorter; a short job is held for no longer than the drain.
+        assert run["seconds"] >= 2 and 0 <= run["short_held_p99_ms"] <= run["short_held_max_ms"]
+        assert run["short_held_max_ms"] <= run["seconds"] * 1000 and 0 <= run["short_held_over_1s"] <= 396
+        assert run["short_only_per_second"] > 0
+    assert sigkill["phase"].startswith("sigkill") and sigkill["extra"]["messages"] == 150
+    for label in ("adaptive", "batch 1"):
+        counts = sigkill["extra"][label]
+        # What ran twice or lost an attempt was held by the killed worker; nothing else (each drain checked all).
+        assert counts["ran_twice"] >= 0 and counts["attempt_lost_unrun"] >= 0
+        assert counts["ran_twice"] + counts["attempt_lost_unrun"] <= counts["held_at_kill"]
     assert not Message.objects.filter(queue__startswith="queuebench.").exists()
 
 

@@ -53,7 +53,7 @@ def test_the_worker_speaks_by_default(connection_vendor):
     assert re.fullmatch(rf"  database     default \({connection_vendor} [\d.]+\)", lines[1]), lines[1]
     assert lines[2] == "  queues       w-ok        tests.testapp.queues.ok"
     assert lines[3] == "               w-outcomes  tests.testapp.queues.outcomes"
-    assert lines[4] == "  concurrency  1, batch size 1, schedules off (none), reaper off"
+    assert lines[4] == "  concurrency  1, batch size adaptive (1 to 20), schedules off (none), reaper off"
     # At -v 1: failures with their error, no line for the acked message, no traceback.
     assert f"WARNING message {failing} w-outcomes failed in " in err
     # A failed attempt says when its retry runs.
@@ -132,7 +132,12 @@ def test_json_logs_print_one_object_per_line():
     assert banner["version"] == __version__
     assert banner["database"] == "default"
     assert banner["queues"] == {"w-ok": ["tests.testapp.queues.ok"], "w-outcomes": ["tests.testapp.queues.outcomes"]}
-    assert (banner["concurrency"], banner["batch_size"], banner["schedules"], banner["reaper"]) == (1, 1, False, False)
+    assert (banner["concurrency"], banner["batch_size"], banner["schedules"], banner["reaper"]) == (
+        1,
+        "adaptive",
+        False,
+        False,
+    )
     by_id = {line["id"]: line for line in events["message"]}
     assert by_id[ok]["outcome"] == "acked" and by_id[ok]["level"] == "INFO"
     assert by_id[ok]["queue"] == "w-ok" and by_id[ok]["duration"] >= 0

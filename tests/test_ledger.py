@@ -67,13 +67,14 @@ def test_acks_wait_for_the_batch_and_count_lost_leases_as_failed():
         ledger.await_ack("a", note)
     assert [(m.pk, note) for m, note in ledger.unacked("a")] == [(1, "v1"), (2, "v2")]
     assert ledger.in_hand() == 3 and ledger.running() == []
+    assert ledger.counts().total == 0 and ledger.handled() == 2  # run, not written yet (a pool child's limit)
     ledger.start("a")  # the third runs while the first two wait
     ledger.await_ack("a", "v3")
     ledger.acked("a", [True, False])  # the first two were written; the second's lease was lost
     assert [m.pk for m, _ in ledger.unacked("a")] == [3]
-    assert ledger.counts() == (1, 1)
+    assert ledger.counts() == (1, 1) and ledger.handled() == 3
     ledger.acked("a", [True])
-    assert ledger.counts() == (2, 1) and ledger.is_empty()
+    assert ledger.counts() == (2, 1) and ledger.is_empty() and ledger.handled() == 3
 
 
 def test_await_ack_needs_a_running_message_and_acked_no_more_than_wait():

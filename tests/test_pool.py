@@ -595,7 +595,7 @@ def test_until_empty_ends_the_pool_and_the_reaper_and_schedules_run_once(pools):
     status, output = pools.finish(pool)
     assert status == ExitStatus.OK, output
     assert ArchivedMessage.objects.filter(message_id__in=ids, outcome=Outcome.ACKED).count() == 40
-    banners = re.findall(r"concurrency  1, batch size 1, schedules (\w+).*, reaper (\w+)", output)
+    banners = re.findall(r"concurrency  1, batch size adaptive \(1 to 20\), schedules (\w+).*, reaper (\w+)", output)
     assert sorted(banners) == [("off", "off"), ("on", "on")]
     assert "every child found the queues empty" in output
     assert not Worker.objects.exists()

@@ -27,7 +27,7 @@ class WorkerConfig:
     # Async handlers (worker/asyncloop.py): how many run at once on the process's event loop, and for how long.
     async_concurrency: int = 100
     async_timeout: float | None = None
-    batch_size: int = 1
+    batch_size: int | None = None  # None: adaptive, sized by the handlers' durations (worker/sizing.py)
     poll_interval: float | None = None
     max_poll_interval: float | None = None
     visibility_timeout: float | None = None

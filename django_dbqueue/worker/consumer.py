@@ -1,7 +1,8 @@
 """One consumer thread: claim a batch, run each message, write its outcome.
 
 Each consumer has its own database connection for the worker's life. It
-claims up to ``batch_size`` messages, runs them one after another through
+claims up to ``--batch-size`` messages (without it, as many as its
+handlers' recent durations say, `sizing`), runs them one after another through
 `django_dbqueue.running`, and writes each outcome as the handler ends,
 except acknowledgements: when the batch is done, its acks are handed to the
 worker's `Completer`, which writes them in one
@@ -19,6 +20,7 @@ handler's own ``release()``, ``fail()`` or ``ack()``, is logged once.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Hashable
 from functools import partial
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connections
 
+from ..conf import queue_options
 from ..console import MESSAGES, event
 from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import DbQueueError
@@ -37,6 +40,7 @@ from .config import WorkerConfig
 from .ledger import Ledger
 from .lifecycle import Ending, Lifecycle
 from .recycling import Recycler
+from .sizing import ClaimSizer, give_back, stays_in_batch
 from .writing import GaveUp, Writer, first_line, warn_unwritten
 
 if TYPE_CHECKING:
@@ -107,6 +111,10 @@ class Consumer:
         # The worker's event loop: where an async handler of a queue this thread claims runs.
         self.event_loop = event_loop
         self._handed: Handover | None = None  # the last batch handed over, until it is written
+        # flush() and settle() run on this thread, and on the batch watch's when a handler runs long.
+        self._handing = threading.RLock()
+        single = any(queue_options(queue).max_attempts == 1 for queue in queues)
+        self.sizer = ClaimSizer(config.batch_size, one_at_a_time=single)
 
     def run(self) -> None:
         stopping = self.lifecycle.stopping
@@ -153,20 +161,21 @@ class Consumer:
                 connections.close_all()
 
     def claim(self, wanted: int | None = None) -> list[Message]:
-        """Claim what this thread may take now: a batch (``wanted``, else --batch-size) of the unpaused
-        queues, within --max-messages.
+        """Claim what this thread may take now: a batch (``wanted``, else --batch-size or the adaptive
+        size, see `sizing`) of the unpaused queues, within --max-messages.
 
         The claim is in the ledger from before it starts until its messages
         are handed over (`Ledger.claiming`): its rows are leased when
         its transaction commits, and until the handover no other thread may
-        take the worker for idle.
+        take the worker for idle. An adaptive batch keeps no message on its
+        last attempt behind another: those are given back inside the claim.
         """
         self._check_connection()
         paused = self.paused.names()
         queues = [q for q in self.queues if q not in paused]
         if not queues:
             return []
-        limit = self.ledger.room(wanted or self.config.batch_size, self.config.max_messages)
+        limit = self.ledger.room(wanted or self.sizer.size(), self.config.max_messages)
         if limit <= 0:
             return []
         with self.ledger.claiming(self.slot) as allowed:
@@ -175,6 +184,11 @@ class Consumer:
             claimed = Message.objects.claim(
                 queues, limit, visibility_timeout=self.config.visibility_timeout, worker=self.name
             )
+            if self.sizer.adaptive and wanted is None and len(claimed) > 1:
+                kept = [claimed[0], *filter(stays_in_batch, claimed[1:])]
+                if len(kept) < len(claimed):
+                    give_back([m for m in claimed[1:] if not stays_in_batch(m)], self.name, "on its last attempt")
+                    claimed[:] = kept
             self.ledger.claimed(self.slot, claimed)
         return claimed
 
@@ -206,7 +220,9 @@ class Consumer:
     def process(self, message: Message) -> None:
         """Run the (running) message's handler and write its outcome, or leave its ack to the batch."""
         started = time.monotonic()
-        self.conclude(message, self.decide(message), started)
+        verdict = self.decide(message)
+        self.sizer.ran(time.monotonic() - started)
+        self.conclude(message, verdict, started)
 
     def decide(self, message: Message) -> Verdict:
         """The handler's verdict; an async handler runs on the worker's loop while this thread waits."""
@@ -292,22 +308,31 @@ class Consumer:
         claims and runs the next batch (see `completer` for what it does
         when they cannot be written).
         """
-        self.settle()
-        batch = self.ledger.unacked(self.slot)
-        if not batch:
-            return
-        try:
-            self._handed = self.completer.hand_over(self.slot, batch, self.record)
-        except CompleterGone as exc:  # still in the ledger: the worker row stays, and the reaper gives them back
-            logger.warning("worker %s: acks of messages %s not written (%s)", self.name, [m.pk for m, _ in batch], exc)
+        with self._handing:
+            self.settle()
+            batch = self.ledger.unacked(self.slot)
+            if not batch:
+                return
+            try:
+                self._handed = self.completer.hand_over(self.slot, batch, self.record)
+            except CompleterGone as exc:  # still in the ledger: the worker row stays, the reaper gives them back
+                pks = [m.pk for m, _ in batch]
+                logger.warning("worker %s: acks of messages %s not written (%s)", self.name, pks, exc)
+
+    def flush_early(self) -> None:
+        """Hand over the acks waiting in the ledger now, while this thread runs a long handler (the batch
+        watch): the messages that ran before it in its batch are not held until it ends."""
+        if self.ledger.unacked(self.slot):
+            self.flush()
 
     def settle(self) -> bool:
         """Wait until the last batch handed over is written; whether there was one."""
-        handed, self._handed = self._handed, None
-        if handed is None:
-            return False
-        self.completer.wait(handed)
-        return True
+        with self._handing:
+            handed, self._handed = self._handed, None
+            if handed is None:
+                return False
+            self.completer.wait(handed)
+            return True
 
     def _check_connection(self) -> None:
         """Keep one connection per thread for the worker's life; reopen it only when it broke.

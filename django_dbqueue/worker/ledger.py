@@ -5,7 +5,8 @@ between, the message is in exactly one of three places, kept per slot (a
 consumer thread's own key):
 
 - **claimed**, not started (`Ledger.claimed`, then `start`),
-  given back at once on a graceful stop (`take_unstarted`);
+  given back at once on a graceful stop (`take_unstarted`), or when the
+  message before them runs long (`take_behind_long`);
 - **running**, at most one per slot, until `finish` (its outcome
   written) or `await_ack`;
 - **waiting for its ack**, written with the rest of its batch in one
@@ -26,13 +27,15 @@ counters feed the worker row and the log.
 Lock contract: every method takes the ledger's lock itself and calls
 nothing outside while holding it, so callers hold no lock of their own.
 Only a slot's consumer moves that slot's messages; other threads read
-(the heartbeat, the main thread) or take the unstarted ones back (shutdown).
+(the heartbeat, the main thread) or take the unstarted ones back (shutdown,
+the batch watch).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -59,6 +62,7 @@ class Ledger:
         self._lock = threading.Lock()
         self._claimed: dict[Hashable, deque[Message]] = {}
         self._running: dict[Hashable, Message] = {}
+        self._started: dict[Hashable, float] = {}  # when each running message started (time.monotonic())
         self._unacked: dict[Hashable, list[tuple[Message, Any]]] = {}
         self._claiming: set[Hashable] = set()
         self._closed = False
@@ -106,6 +110,7 @@ class Ledger:
             if not held:
                 return None
             message = self._running[key] = held.popleft()
+            self._started[key] = time.monotonic()
             return message
 
     def finish(self, slot: Hashable, ok: bool | None = None, *, dead: bool = False) -> Message | None:
@@ -118,6 +123,7 @@ class Ledger:
         """
         with self._lock:
             message = self._running.pop(slot, None)
+            self._started.pop(slot, None)
             if message is not None and ok is not None:
                 self._count(ok, 1)
                 if not ok and dead:
@@ -133,6 +139,7 @@ class Ledger:
         """
         with self._lock:
             message = self._running.pop(slot, None)
+            self._started.pop(slot, None)
             if message is None:
                 raise RuntimeError(f"slot {slot!r} runs no message")
             self._unacked.setdefault(slot if batch is None else batch, []).append((message, note))
@@ -167,6 +174,24 @@ class Ledger:
             for held in self._claimed.values():
                 held.clear()
             return taken
+
+    def take_behind_long(self, longer_than: float) -> list[Message]:
+        """The unstarted messages of each slot whose running message started over ``longer_than`` seconds ago,
+        now no longer held (to be given back: they would wait behind it)."""
+        now = time.monotonic()
+        taken: list[Message] = []
+        with self._lock:
+            for slot, held in self._claimed.items():
+                if held and slot in self._running and now - self._started[slot] > longer_than:
+                    taken += held
+                    held.clear()
+        return taken
+
+    def running_longer_than(self, seconds: float) -> list[Hashable]:
+        """The slots whose running message started over ``seconds`` ago."""
+        now = time.monotonic()
+        with self._lock:
+            return [slot for slot in self._running if now - self._started[slot] > seconds]
 
     def leases(self) -> list[Message]:
         """Every message whose lease the worker holds: claimed, running or waiting for its ack."""
@@ -217,6 +242,11 @@ class Ledger:
     def counts(self) -> Counts:
         with self._lock:
             return Counts(self._processed, self._failed)
+
+    def handled(self) -> int:
+        """Messages whose handlers have run: outcomes written, and acks waiting to be written with their batch."""
+        with self._lock:
+            return self._processed + self._failed + sum(map(len, self._unacked.values()))
 
     def dead(self) -> int:
         """How many of the failed were dead-lettered (for the worker's summary)."""

@@ -60,6 +60,7 @@ from .ledger import Ledger
 from .lifecycle import Ending, Lifecycle
 from .listener import Listener
 from .recycling import Recycler
+from .sizing import MAX_BATCH, BatchWatch
 from .tether import Tether
 
 logger = logging.getLogger("django_dbqueue")
@@ -192,11 +193,11 @@ class QueueWorker:
         self.heartbeat.register()
         paused = PausedQueues(self.using)
         consumers = []
-        if self.sync_queues:
-            consumers = [
-                life.thread(self.consumer(n, paused).run, f"dbqueue-consumer-{n}")
-                for n in range(self.config.concurrency)
-            ]
+        sync_consumers = {
+            n: self.consumer(n, paused) for n in range(self.config.concurrency if self.sync_queues else 0)
+        }
+        for n, consumer in sync_consumers.items():
+            consumers.append(life.thread(consumer.run, f"dbqueue-consumer-{n}"))
         if self.async_queues:
             slot = self.config.concurrency
             consumers.append(life.thread(self.async_consumer(slot, paused).run, "dbqueue-async-consumer"))
@@ -204,6 +205,9 @@ class QueueWorker:
         helpers = [completer, life.thread(lambda: self.heartbeat.run(life.finished), "dbqueue-heartbeat")]
         if self.event_loop is not None:
             helpers += self.event_loop.threads()
+        if self.sync_queues and self.config.batch_size is None:  # adaptive batches: none waits behind a slow job
+            watch = BatchWatch(self.ledger, name=self.name, using=self.using, consumers=sync_consumers)
+            helpers.append(life.thread(lambda: watch.run(life.stopping), "dbqueue-batch-watch"))
         if listener.available():
             helpers.append(life.thread(lambda: listener.run(life.stopping, life.wake), "dbqueue-listener"))
         if self.config.reap:
@@ -267,6 +271,11 @@ class QueueWorker:
                 names.append("no handler (messages are dead-lettered)" if unhandled == "dead" else "no handler (kept)")
         return found
 
+    def batch_description(self) -> str:
+        """--batch-size, or what the adaptive default claims."""
+        size = self.config.batch_size
+        return str(size) if size is not None else f"adaptive (1 to {MAX_BATCH})"
+
     def log_banner(self) -> None:
         """What this worker is and does, once at start (the console shows it at the default verbosity)."""
         database = describe(self.using)
@@ -280,7 +289,7 @@ class QueueWorker:
             f"  database     {self.using} ({database})",
             f"  queues       {queues[0]}",
             *(f"               {line}" for line in queues[1:]),
-            f"  concurrency  {self.config.concurrency}, batch size {self.config.batch_size}, "
+            f"  concurrency  {self.config.concurrency}, batch size {self.batch_description()}, "
             f"schedules {schedules}, reaper {reaper}",
             *([f"  async        {self.async_description()}"] if self.event_loop is not None else []),
             *([f"  pool         a child of {self.config.supervisor}"] if self.config.supervisor else []),
@@ -293,7 +302,7 @@ class QueueWorker:
             "vendor": database,
             "queues": handlers,
             "concurrency": self.config.concurrency,
-            "batch_size": self.config.batch_size,
+            "batch_size": self.config.batch_size or "adaptive",
             "schedules": self.scheduler is not None,
             "reaper": self.config.reap,
         }

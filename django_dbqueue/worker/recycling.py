@@ -32,7 +32,8 @@ class Recycler:
         """Called by each consumer between messages (cheap: a counter, and one small read on Linux)."""
         if self._asked:
             return
-        why = self.passed(ledger.counts().total)
+        # Handled, not only written: a batch's acks are written when it ends, after its last check.
+        why = self.passed(ledger.handled())
         if why is None:
             return
         with self._lock:

@@ -239,8 +239,9 @@ class Supervisor:
             self.autoscaler = Autoscaler(
                 pool.min_processes, pool.max_processes, wait=dbq.autoscale_wait, idle=dbq.autoscale_idle
             )
-        # What one busy child holds: its threads' claims, and its event loop's slots if a queue is all async.
-        self.per_child = config.concurrency * config.batch_size
+        # What one busy child holds: its threads' claims (adaptive ones: one each, as when busy with slow jobs),
+        # and its event loop's slots if a queue is all async.
+        self.per_child = config.concurrency * (config.batch_size or 1)
         if split_queues(self.queues, config.handler)[0]:
             self.per_child += config.async_concurrency
         self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -284,8 +285,9 @@ class Supervisor:
         c = self.config
         first = slot < len(self.databases)
         served = self.groups[self.databases[slot % len(self.databases)]]
-        args = [*served, "--concurrency", str(c.concurrency), "--batch-size", str(c.batch_size)]
-        args += ["--async-concurrency", str(c.async_concurrency)]
+        args = [*served, "--concurrency", str(c.concurrency), "--async-concurrency", str(c.async_concurrency)]
+        if c.batch_size is not None:
+            args += ["--batch-size", str(c.batch_size)]
         for option, value in (
             ("--async-timeout", c.async_timeout),
             ("--poll-interval", c.poll_interval),

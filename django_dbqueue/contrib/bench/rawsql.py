@@ -130,7 +130,8 @@ class RawProtocol:
         job(pk)
         cursor.execute(
             f"INSERT INTO dbqueue_archive ({ARCHIVE_COLUMNS.format(key=self.key)}) "
-            f"SELECT {ARCHIVE_SELECT_AT_ONCE.format(key=self.key, now=self.now, p=p)} FROM dbqueue_message WHERE id = {p}",
+            f"SELECT {ARCHIVE_SELECT_AT_ONCE.format(key=self.key, now=self.now, p=p)} "
+            f"FROM dbqueue_message WHERE id = {p}",
             [worker, pk],
         )
         cursor.execute(f"DELETE FROM dbqueue_message WHERE id = {p}", [pk])

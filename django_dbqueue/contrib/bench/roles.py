@@ -39,7 +39,12 @@ def write(message: Message) -> None:
         cursor.execute(f"INSERT INTO {WRITE_TABLE} (message_id) VALUES (%s)", [message.pk])
 
 
-HANDLERS: dict[str, Callable[[Any], None]] = {"noop": noop, "write": write}
+def sleep(message: Message) -> None:
+    """A handler that waits the payload's ``ms`` milliseconds (the fairness phase's short and long jobs)."""
+    time.sleep(message.payload.get("ms", 0) / 1000)
+
+
+HANDLERS: dict[str, Callable[[Any], None]] = {"noop": noop, "write": write, "sleep": sleep}
 
 
 def rss_mb() -> float | None:

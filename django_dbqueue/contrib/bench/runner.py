@@ -64,9 +64,11 @@ PHASES = (
     "async_io",
     "workflows",
     "archive",
+    "fairness",
+    "sigkill",
 )
 # Phases run only when asked for (--phases): they take minutes at their default sizes, or long waits.
-OPT_IN_PHASES = ("soak", "idle", "async_io", "workflows", "admin_workflows", "archive")
+OPT_IN_PHASES = ("soak", "idle", "async_io", "workflows", "admin_workflows", "archive", "fairness", "sigkill")
 DEFAULT_PHASES = tuple(phase for phase in PHASES if phase not in OPT_IN_PHASES)
 PREFIX = "queuebench."
 GROUPS_QUEUE = PREFIX + "groups"
@@ -79,6 +81,8 @@ IO_THREADS, IO_PROCESSES, IO_ASYNC = 8, 2, 500  # --concurrency, --processes, --
 IO_BASELINE = f"one runqueueworker process with --concurrency {IO_THREADS} (time.sleep)"
 WORKFLOW_QUEUE = PREFIX + "workflow"
 CHAIN_STEPS = 1000  # the workflows phase's chain (at most --messages)
+FAIRNESS_SHORT_MS, FAIRNESS_LONG_MS, FAIRNESS_EVERY = 1, 2000, 100  # a 2 s job among every 100 of 1 ms
+SIGKILL_MESSAGES = 3000  # the sigkill phase: one-row jobs, the worker killed a third of the way through
 JOIN_SAMPLES = 200  # the workflows phase's small fan-ins whose joins' waits give its p99 (at most --messages)
 
 
@@ -97,6 +101,7 @@ class BenchConfig:
     memory_messages: int = 100_000
     per_message_messages: int = 2_000
     peers_messages: int = 5_000  # the peers phase: as many jobs as the comparison with other queues drained
+    fairness_messages: int = 400  # the fairness phase: a 2 s job among every 100 of 1 ms
     repeat: int = 1
     soak_messages: int = 1_000_000
     idle_seconds: float = 10.0
@@ -395,6 +400,101 @@ class QueueBench:
             name = f"peers ({workers} default worker{'s' if workers > 1 else ''}, one-row jobs)"
             results.append(Result(name, ours, "messages/s", baseline, extra))
         return results
+
+    def _run_until_empty(self, queue: str, role: str, workers: int, batch_size: int, handler: str) -> None:
+        """``workers`` children of ``role`` drain ``queue`` and exit."""
+        children = [
+            spawn(role, queue, self.config, "--handler", handler, batch_size=batch_size) for _ in range(workers)
+        ]
+        for child in children:
+            if child.wait(timeout=3600) != 0:
+                raise RuntimeError(f"a {role} child exited with {child.returncode}")
+
+    def phase_fairness(self) -> list[Result]:
+        """Mixed jobs, one of 2 s among every 100 of 1 ms, drained by W workers: the default (adaptive) against
+        ``--batch-size 1`` and a fixed ``--batch-size 20``.
+
+        How long a worker held each short job before it finished (the
+        archive's finished_at - claimed_at, the last claim's): a short job
+        claimed behind a long one is held until the long one ends, unless it
+        is given back. Also the seconds from the first claim to the last finish,
+        and, before each, the rate of as many 1 ms jobs alone.
+        """
+        queue = PREFIX + "drain"
+        messages, workers = max(self.config.fairness_messages, FAIRNESS_EVERY), self.config.workers
+        payloads = [
+            {"ms": FAIRNESS_LONG_MS if n % FAIRNESS_EVERY == FAIRNESS_EVERY // 2 else FAIRNESS_SHORT_MS}
+            for n in range(messages)
+        ]
+        runs: dict[str, dict[str, float]] = {}
+        for label, role, batch in (
+            ("adaptive", "default-worker", 1),
+            ("batch 1", "orm-worker", 1),
+            ("batch 20", "orm-worker", 20),
+        ):
+            # First the same number of 1 ms jobs alone: the throughput a batch buys on short handlers.
+            self.clean()
+            enqueue_many(queue, [{"ms": FAIRNESS_SHORT_MS}] * messages, using=self.using)
+            self._run_until_empty(queue, role, workers, batch, "sleep")
+            archive = ArchivedMessage.objects.using(self.using).filter(queue=queue)
+            span = archive.aggregate(first=Min("claimed_at"), last=Max("finished_at"))
+            short_rate = archive.count() / max((span["last"] - span["first"]).total_seconds(), 1e-6)
+            self.clean()
+            enqueue_many(queue, payloads, using=self.using)
+            self._run_until_empty(queue, role, workers, batch, "sleep")
+            archive = ArchivedMessage.objects.using(self.using).filter(queue=queue)
+            if archive.count() != messages:
+                raise RuntimeError(f"fairness ({label}): {archive.count()} of {messages} messages drained")
+            held = sorted(
+                (finished - claimed).total_seconds() * 1000
+                for claimed, finished, payload in archive.values_list("claimed_at", "finished_at", "payload")
+                if payload["ms"] == FAIRNESS_SHORT_MS and claimed is not None
+            )
+            span = archive.aggregate(first=Min("claimed_at"), last=Max("finished_at"))
+            runs[label] = {
+                "short_only_per_second": short_rate,
+                "seconds": (span["last"] - span["first"]).total_seconds(),
+                "short_held_p99_ms": held[max(0, int(len(held) * 0.99) - 1)],
+                "short_held_max_ms": held[-1],
+                "short_held_over_1s": sum(ms > 1000 for ms in held),
+            }
+        extra = {"workers": workers, "messages": messages, **runs}
+        name = f"fairness ({workers} workers, a 2 s job per 100 of 1 ms), short jobs held, max ms"
+        ours, baseline = runs["adaptive"]["short_held_max_ms"], runs["batch 1"]["short_held_max_ms"]
+        return [Result(name, ours, "ms", baseline, extra)]
+
+    def phase_sigkill(self) -> list[Result]:
+        """One worker draining one-row jobs, killed (SIGKILL) a third of the way through; the reaper gives its
+        messages back and a second worker drains the rest. How many jobs ran twice (rows written twice), and
+        how many lost an attempt without running twice: the default (adaptive) against ``--batch-size 1``."""
+        queue = PREFIX + "drain"
+        messages = min(SIGKILL_MESSAGES, self.config.messages)
+        counts: dict[str, dict[str, int]] = {}
+        for label, role, batch in (("adaptive", "default-worker", 1), ("batch 1", "orm-worker", 1)):
+            self.clean()
+            self.fill(queue, messages)
+            create_write_table(self.using)
+            archive = ArchivedMessage.objects.using(self.using).filter(queue=queue)
+            victim = spawn(role, queue, self.config, "--handler", "write", batch_size=batch)
+            deadline = time.monotonic() + 300
+            while count_written(self.using) < messages // 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            victim.kill()
+            victim.wait(timeout=60)
+            held = Message.objects.using(self.using).filter(queue=queue, lease_token__isnull=False).count()
+            time.sleep(get_settings().worker_stale_after + 1)
+            Reaper(using=self.using).run_once()
+            self._run_until_empty(queue, role, 1, batch, "write")
+            written = count_written(self.using)
+            if archive.count() != messages or written < messages:
+                raise RuntimeError(f"sigkill ({label}): {archive.count()} archived, {written} written of {messages}")
+            twice = written - messages
+            counted = archive.filter(attempts__gt=1).count()
+            counts[label] = {"held_at_kill": held, "ran_twice": twice, "attempt_lost_unrun": counted - twice}
+            drop_write_table(self.using)
+        extra = {"messages": messages, **counts}
+        name = "sigkill (1 worker killed mid-drain), jobs run twice"
+        return [Result(name, counts["adaptive"]["ran_twice"], "jobs", counts["batch 1"]["ran_twice"], extra)]
 
     def phase_latency(self) -> list[Result]:
         """Enqueue at a fixed rate while workers run; latency = claim time - enqueue time.

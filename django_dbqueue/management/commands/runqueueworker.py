@@ -32,7 +32,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("queues", nargs="*", metavar="QUEUE", help="Queues to serve (default: every handled one).")
         parser.add_argument("--concurrency", type=positive_int, default=1, help="Handler threads (default 1).")
-        parser.add_argument("--batch-size", type=positive_int, default=1, help="Messages per claim (default 1).")
+        parser.add_argument(
+            "--batch-size",
+            type=positive_int,
+            default=None,
+            help="Messages per claim (default: adaptive, as many as the handlers' recent durations allow, 1 to 20).",
+        )
         parser.add_argument(
             "--async-concurrency",
             type=positive_int,

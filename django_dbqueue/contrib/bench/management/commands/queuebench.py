@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_dbqueue.contrib.bench.roles import ROLES, run_role
+from django_dbqueue.contrib.bench.roles import HANDLERS, ROLES, run_role
 from django_dbqueue.contrib.bench.runner import (
     DEFAULT_PHASES,
     PHASES,
@@ -50,6 +50,12 @@ class Command(BaseCommand):
             type=positive_int,
             default=5_000,
             help="Jobs of the peers phase (default workers with one-row jobs against one transaction per message).",
+        )
+        parser.add_argument(
+            "--fairness-messages",
+            type=positive_int,
+            default=400,
+            help="Jobs of the fairness phase (one of 2 s among every 100 of 1 ms; at least 100).",
         )
         parser.add_argument(
             "--soak-messages",
@@ -96,7 +102,7 @@ class Command(BaseCommand):
         parser.add_argument("--queue", help="(internal)")
         parser.add_argument("--forever", action="store_true", help="(internal)")
         parser.add_argument("--max-runtime", type=float, help="(internal)")
-        parser.add_argument("--handler", choices=["noop", "write"], default="noop", help="(internal)")
+        parser.add_argument("--handler", choices=sorted(HANDLERS), default="noop", help="(internal)")
         parser.add_argument("--report", help="(internal) where a child writes its CPU time")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -133,6 +139,7 @@ class Command(BaseCommand):
             memory_messages=options["memory_messages"],
             per_message_messages=options["per_message_messages"],
             peers_messages=options["peers_messages"],
+            fairness_messages=options["fairness_messages"],
             repeat=options["repeat"],
             soak_messages=options["soak_messages"],
             idle_seconds=options["idle_seconds"],
