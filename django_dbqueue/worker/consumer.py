@@ -185,10 +185,10 @@ class Consumer:
                 queues, limit, visibility_timeout=self.config.visibility_timeout, worker=self.name
             )
             if self.sizer.adaptive and wanted is None and len(claimed) > 1:
-                kept = [claimed[0], *filter(stays_in_batch, claimed[1:])]
-                if len(kept) < len(claimed):
-                    give_back([m for m in claimed[1:] if not stays_in_batch(m)], self.name, "on its last attempt")
-                    claimed[:] = kept
+                last = [m for m in claimed[1:] if not stays_in_batch(m)]
+                if last:
+                    give_back(last, self.name, "on its last attempt")
+                    claimed[:] = [m for m in claimed if m not in last]
             self.ledger.claimed(self.slot, claimed)
         return claimed
 
