@@ -173,6 +173,35 @@ def test_a_give_back_the_database_refuses_is_logged_and_the_lease_runs_out_inste
         raise OperationalError(2006, "MySQL server has gone away")
 
     monkeypatch.setattr(Message, "release", away)
-    assert give_back(claimed, "w", "its batch-mate runs long") == 0
+    assert give_back(claimed, "w", "its batch-mate runs long") == claimed  # not given back: the caller keeps them
     assert "could not give message" in caplog.text and "gone away" in caplog.text
     assert Message.objects.filter(queue="a-away", lease_token__isnull=False).count() == 2  # held until the lease ends
+
+
+@on_database
+def test_a_last_attempt_batch_mate_the_database_will_not_take_back_stays_in_the_batch(monkeypatch, caplog):
+    """Dropped from the batch while still leased, it would wait out its lease and be dead-lettered unrun."""
+    django_dbqueue.enqueue_many("a-refused", [{"n": n} for n in range(3)])
+    last = Message.objects.filter(queue="a-refused").order_by("id")[1]
+    Message.objects.filter(pk=last.pk).update(attempts=2, max_attempts=3)
+    consumer = QueueWorker(WorkerConfig(queues=["a-refused"], handler=noop)).consumer(0, None)
+    consumer.paused = SimpleNamespace(names=lambda: frozenset())
+    consumer.sizer.average = 0.001
+
+    def away(self):
+        raise OperationalError(2006, "MySQL server has gone away")
+
+    monkeypatch.setattr(Message, "release", away)
+    claimed = consumer.claim()
+    assert last.pk in [m.pk for m in claimed] and len(claimed) == 3  # kept, to run in this batch
+    assert "could not give message" in caplog.text
+
+
+def test_rate_limited_and_single_attempt_queues_are_claimed_one_at_a_time(settings):
+    queues = {"a-rated": {"RATE_LIMIT": "10/m"}, "a-once": {"MAX_ATTEMPTS": 1}, "a-plain": {}}
+    settings.DBQUEUE = {**settings.DBQUEUE, "QUEUES": {**settings.DBQUEUE.get("QUEUES", {}), **queues}}
+    for queue, batches in (("a-rated", False), ("a-once", False), ("a-plain", True)):
+        consumer = QueueWorker(WorkerConfig(queues=[queue], handler=noop)).consumer(0, None)
+        for _ in range(10):
+            consumer.sizer.ran(0.001)
+        assert (consumer.sizer.size() > 1) is batches, queue

@@ -113,7 +113,7 @@ class Consumer:
         self._handed: Handover | None = None  # the last batch handed over, until it is written
         # flush() and settle() run on this thread, and on the batch watch's when a handler runs long.
         self._handing = threading.RLock()
-        single = any(queue_options(queue).max_attempts == 1 for queue in queues)
+        single = any(queue_options(q).max_attempts == 1 or queue_options(q).rate_limit for q in queues)
         self.sizer = ClaimSizer(config.batch_size, one_at_a_time=single)
 
     def run(self) -> None:
@@ -187,8 +187,8 @@ class Consumer:
             if self.sizer.adaptive and wanted is None and len(claimed) > 1:
                 last = [m for m in claimed[1:] if not stays_in_batch(m)]
                 if last:
-                    give_back(last, self.name, "on its last attempt")
-                    claimed[:] = [m for m in claimed if m not in last]
+                    kept = give_back(last, self.name, "on its last attempt")  # refused: it stays, to run
+                    claimed[:] = [m for m in claimed if m not in last or m in kept]
             self.ledger.claimed(self.slot, claimed)
         return claimed
 

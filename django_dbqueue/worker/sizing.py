@@ -19,8 +19,10 @@ Two rules keep batches from costing what a batch of one never did
 - a message on its last attempt is never kept as a batch-mate
   (`Consumer.claim` gives it back at once, and it comes first in the next
   claim): a worker that is killed cannot dead-letter it without having
-  run it. Queues with ``MAX_ATTEMPTS`` 1, all of whose messages are on
-  their last attempt, are claimed one at a time for the same reason.
+  run it (one the database refuses to take back stays in the batch).
+  Queues with ``MAX_ATTEMPTS`` 1, all of whose messages are on their last
+  attempt, are claimed one at a time for the same reason, and so are
+  rate-limited queues: a message given back has used a rate slot.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class ClaimSizer:
 
     def __init__(self, fixed: int | None, *, one_at_a_time: bool = False) -> None:
         self.fixed = fixed
-        # Queues whose messages have a single attempt: a batch-mate stranded by a SIGKILL would die unrun.
+        # Queues whose messages have a single attempt (a batch-mate stranded by a SIGKILL would die unrun),
+        # or a rate limit (a batch-mate given back has used a rate slot for nothing).
         self.one_at_a_time = one_at_a_time
         self.average: float | None = None  # seconds per handler, None until one ran
 
@@ -78,19 +81,17 @@ def stays_in_batch(message: Message) -> bool:
     return message.attempts_left()
 
 
-def give_back(messages: Iterable[Message], worker: str, why: str) -> int:
-    """Give claimed, unstarted ``messages`` back (their place and their attempt kept); how many were.
-
-    One that cannot be given back (the database is away) keeps its lease
-    until it runs out: it comes back then, the same way.
-    """
-    given = 0
+def give_back(messages: Iterable[Message], worker: str, why: str) -> list[Message]:
+    """Give claimed, unstarted ``messages`` back (their place and their attempt kept); the ones that could
+    not be, because the database is away (logged): the caller keeps them, or their leases run out."""
+    kept = []
     for message in messages:
         try:
-            given += bool(message.release())
+            message.release()
         except DATABASE_TROUBLE as exc:
             logger.warning("worker %s: could not give message %s back (%s): %s", worker, message.pk, why, exc)
-    return given
+            kept.append(message)
+    return kept
 
 
 class EarlyAcks(Protocol):
@@ -133,15 +134,19 @@ class BatchWatch:
         """One look: give back what waits behind a long handler now, and have the acks of what ran before it
         in its batch written; how many were given back."""
         given = 0
-        behind = self.ledger.take_behind_long(self.longer_than)
-        if behind:
-            given = give_back(behind, self.name, "its batch-mate runs long")
-            logger.info(
-                "worker %s gave back %d message(s) waiting behind a handler running over %gs",
-                self.name,
-                given,
-                self.longer_than,
-            )
+        # As a claim does: until they are given back, the worker holds them, and --until-empty waits.
+        with self.ledger.claiming(self) as allowed:
+            behind = self.ledger.take_behind_long(self.longer_than) if allowed else []
+            if behind:
+                # One not given back keeps its lease until it runs out; it cannot go back in the batch,
+                # which may have ended meanwhile. It never ran, and is never on its last attempt.
+                given = len(behind) - len(give_back(behind, self.name, "its batch-mate runs long"))
+                logger.info(
+                    "worker %s gave back %d message(s) waiting behind a handler running over %gs",
+                    self.name,
+                    given,
+                    self.longer_than,
+                )
         for slot in self.ledger.running_longer_than(self.longer_than):
             consumer = self.consumers.get(slot)
             if consumer is not None:
