@@ -84,17 +84,21 @@ class RawProtocol:
             cursor.execute(head + ", ".join([row] * len(chunk)), params)
         cursor.execute("COMMIT")
 
+    def _lock_ready(self, cursor: Any, queue: str, limit: int) -> list[int]:
+        """The ids of up to ``limit`` ready messages of ``queue``, locked (SKIP LOCKED) in claim order."""
+        lock = "" if self.vendor == "sqlite" else " FOR UPDATE SKIP LOCKED"
+        cursor.execute(
+            f"SELECT id FROM dbqueue_message WHERE queue = {self.placeholder} AND available_at <= {self.now} "
+            f"ORDER BY priority, available_at, id LIMIT {int(limit)}{lock}",
+            [queue],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
     def claim(self, queue: str, limit: int, worker: str) -> tuple[str, list[int]]:
         p = self.placeholder
         cursor = self.raw.cursor()
         self._begin(cursor)
-        lock = "" if self.vendor == "sqlite" else " FOR UPDATE SKIP LOCKED"
-        cursor.execute(
-            f"SELECT id FROM dbqueue_message WHERE queue = {p} AND available_at <= {self.now} "
-            f"ORDER BY priority, available_at, id LIMIT {int(limit)}{lock}",
-            [queue],
-        )
-        ids = [row[0] for row in cursor.fetchall()]
+        ids = self._lock_ready(cursor, queue, limit)
         token = uuid.uuid4().hex
         if ids:
             cursor.execute(
@@ -116,17 +120,11 @@ class RawProtocol:
         p = self.placeholder
         cursor = self.raw.cursor()
         self._begin(cursor)
-        lock = "" if self.vendor == "sqlite" else " FOR UPDATE SKIP LOCKED"
-        cursor.execute(
-            f"SELECT id FROM dbqueue_message WHERE queue = {p} AND available_at <= {self.now} "
-            f"ORDER BY priority, available_at, id LIMIT 1{lock}",
-            [queue],
-        )
-        row = cursor.fetchone()
-        if row is None:
+        ids = self._lock_ready(cursor, queue, 1)
+        if not ids:
             cursor.execute("COMMIT")
             return False
-        pk = row[0]
+        pk = ids[0]
         job(pk)
         cursor.execute(
             f"INSERT INTO dbqueue_archive ({ARCHIVE_COLUMNS.format(key=self.key)}) "

@@ -131,41 +131,47 @@ def memory_worker(
     REPORTED["rss_by_tenth_mb"] = sampler.samples
 
 
-def raw_worker(
-    queue: str, batch_size: int, until_empty: bool = True, max_runtime: float | None = None, handler: str = "noop"
-) -> None:
+def raw_loop(until_empty: bool, max_runtime: float | None, step: Callable[[RawProtocol, str], bool]) -> None:
+    """Run ``step(protocol, worker name)`` until it finds nothing (with ``until_empty``) or the time is up."""
     protocol = RawProtocol()
-    run = HANDLERS[handler]
     name = f"{socket.gethostname()}:{os.getpid()}:raw"
     deadline = time.monotonic() + (max_runtime or 1e9)
     while time.monotonic() < deadline:
-        token, ids = protocol.claim(queue, batch_size, name)
-        if ids:
-            for pk in ids:
-                run(SimpleNamespace(pk=pk))  # the handler reads only the id
-            protocol.ack(token, ids)
-        elif until_empty:
+        if step(protocol, name):
+            continue
+        if until_empty:
             break
-        else:
-            time.sleep(0.01)
+        time.sleep(0.01)
     connections.close_all()
+
+
+def raw_worker(
+    queue: str, batch_size: int, until_empty: bool = True, max_runtime: float | None = None, handler: str = "noop"
+) -> None:
+    """The raw claim/ack loop: claim a batch (one transaction), run each, archive and delete them (another)."""
+    run = HANDLERS[handler]
+
+    def step(protocol: RawProtocol, name: str) -> bool:
+        token, ids = protocol.claim(queue, batch_size, name)
+        for pk in ids:
+            run(SimpleNamespace(pk=pk))  # the handler reads only the id
+        if ids:
+            protocol.ack(token, ids)
+        return bool(ids)
+
+    raw_loop(until_empty, max_runtime, step)
 
 
 def raw_txn_worker(
     queue: str, batch_size: int, until_empty: bool = True, max_runtime: float | None = None, handler: str = "noop"
 ) -> None:
     """The raw loop of one transaction per message: claim, the handler's write, archive, delete, one COMMIT."""
-    protocol = RawProtocol()
     run = HANDLERS[handler]
-    name = f"{socket.gethostname()}:{os.getpid()}:raw"
-    deadline = time.monotonic() + (max_runtime or 1e9)
-    while time.monotonic() < deadline:
-        if protocol.run_one(queue, name, lambda pk: run(SimpleNamespace(pk=pk))):
-            continue
-        if until_empty:
-            break
-        time.sleep(0.01)
-    connections.close_all()
+
+    def step(protocol: RawProtocol, name: str) -> bool:
+        return protocol.run_one(queue, name, lambda pk: run(SimpleNamespace(pk=pk)))
+
+    raw_loop(until_empty, max_runtime, step)
 
 
 def run_role(
