@@ -8,11 +8,13 @@ startup the way the admin finds ``admin.py``::
 
 A handler's outcome is what it does: return normally (ack), raise any
 exception (fail: retry with backoff, dead letter when attempts run out),
-or raise one of the control exceptions below.
+or raise one of the control exceptions below. ``atomic=True`` runs it in
+one transaction with its acknowledgement (docs/workers.md, "Atomic handlers").
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -29,6 +31,8 @@ Handler = Callable[["Message"], Any]
 
 # (queue, kind) -> handler; kind None is the queue's catch-all.
 _registry: dict[tuple[str, str | None], Handler] = {}
+# The registrations whose handler runs in its acknowledgement's transaction.
+_atomic: set[tuple[str, str | None]] = set()
 
 
 class Reject(Exception):
@@ -59,11 +63,18 @@ class Defer(Exception):
         self.delay = delay
 
 
-def handler(queue: str, kind: str | None = None) -> Callable[[Handler], Handler]:
-    """Register the decorated function for ``queue`` (and only ``kind``, if given)."""
+def handler(queue: str, kind: str | None = None, *, atomic: bool = False) -> Callable[[Handler], Handler]:
+    """Register the decorated function for ``queue`` (and only ``kind``, if given).
+
+    ``atomic``: the handler runs inside a transaction on the queue's
+    database that also acknowledges its message, so its writes there are
+    committed exactly when the message is acked (docs/workers.md).
+    """
     validate_queue_name(queue)
     if kind is not None:
         validate_kind(kind)
+    if not isinstance(atomic, bool):
+        raise ImproperlyConfigured(f"atomic must be True or False, not {atomic!r}")
 
     def register(function: Handler) -> Handler:
         existing = _registry.get((queue, kind))
@@ -71,15 +82,44 @@ def handler(queue: str, kind: str | None = None) -> Callable[[Handler], Handler]
             raise ImproperlyConfigured(
                 f"two handlers for queue {queue!r}, kind {kind!r}: {_name(existing)} and {_name(function)}"
             )
+        if atomic and (inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(type(function).__call__)):
+            raise ImproperlyConfigured(
+                f"{_name(function)} is async: an atomic handler must be a plain function, "
+                "as Django's transactions are synchronous"
+            )
         _registry[(queue, kind)] = function
+        if atomic:
+            _atomic.add((queue, kind))
+        else:
+            _atomic.discard((queue, kind))
         return function
 
     return register
 
 
+def _registration(queue: str, kind: str) -> tuple[str, str | None] | None:
+    """The registry's key serving this kind in this queue: its own, else the queue's catch-all."""
+    for key in ((queue, kind), (queue, None)):
+        if key in _registry:
+            return key
+    return None
+
+
 def find_handler(queue: str, kind: str) -> Handler | None:
     """The handler for this kind in this queue, else the queue's catch-all, else None."""
-    return _registry.get((queue, kind)) or _registry.get((queue, None))
+    key = _registration(queue, kind)
+    return None if key is None else _registry[key]
+
+
+def runs_atomic(queue: str, kind: str, function: Handler) -> bool:
+    """Whether ``function`` is the handler that serves this kind in this queue, registered with ``atomic=True``."""
+    key = _registration(queue, kind)
+    return key is not None and key in _atomic and _registry[key] is function
+
+
+def is_atomic(queue: str, kind: str | None) -> bool:
+    """Whether the registration of ``queue`` and ``kind`` (None: the catch-all) has ``atomic=True``."""
+    return (queue, kind) in _atomic
 
 
 def registered() -> dict[tuple[str, str | None], Handler]:
@@ -88,6 +128,7 @@ def registered() -> dict[tuple[str, str | None], Handler]:
 
 def unregister(queue: str, kind: str | None = None) -> None:
     _registry.pop((queue, kind), None)
+    _atomic.discard((queue, kind))
 
 
 def autodiscover() -> None:

@@ -15,7 +15,10 @@ of rules (formerly ``django_dbqueue.dispatch``):
 - there is no handler: dead letter naming the queue and kind, or, with the
   queue's ``UNHANDLED = "keep"``, back in the queue for a handler to come;
 - a workflow step whose rows are gone (an orphan): archived as cancelled,
-  never run, with a WARNING.
+  never run, with a WARNING;
+- an atomic handler (``@handler(..., atomic=True)``) runs in one
+  transaction with its ack: its writes commit with the ack, and roll back
+  when it raises, when the lease was lost, or when the ack cannot be written.
 
 An ``async def`` handler follows the same rules (`adecide`): a worker runs
 it on its event loop (`django_dbqueue.worker.asyncloop`), where a cancel
@@ -41,11 +44,12 @@ from functools import partial
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import transaction
 
 from . import signals
 from .conf import get_settings, queue_options
 from .exceptions import Cancelled, HandlerTimeout, NotClaimed
-from .handlers import Defer, Handler, Reject, Retry, find_handler
+from .handlers import Defer, Handler, Reject, Retry, find_handler, runs_atomic
 from .models import Message
 from .models.consuming import error_text
 from .models.workflows import orphan_reason, step_of
@@ -93,6 +97,8 @@ class Verdict:
     result: Any = None  # an ack's handler return value, for workers that ack in batches
     recorded: Callable[[str], None] | None = None  # the handler's after_record, bound to the message
     error: BaseException | str | None = None  # what the handler raised, or the reason given, for the log
+    # Written already, in the handler's own transaction (an atomic handler): not an ack for a batch to write.
+    committed: bool = False
 
     def record(self) -> str:
         try:
@@ -195,17 +201,57 @@ def _run(message: Message, handler: Handler, worker: str) -> Verdict:
     orphaned = orphan_reason(message._state.db or "default", message)
     if (before := _cancelled_before(message, verdict, orphaned)) is not None:
         return before
+    if runs_atomic(message.queue, message.kind, handler):
+        return _run_atomic(message, handler, worker, verdict)
     try:
-        result = handler(message)
+        result = _returned(handler(message))
     except Exception as exc:
         return _failed(message, exc, verdict)
+    # A handler that finished despite a cancel request did its work: it is acked.
+    return verdict(HandlerOutcome.ACKED, partial(message.ack, worker=worker, result=result), result)
+
+
+def _returned(result: Any) -> Any:
+    """A sync handler's return value; refused (TypeError) when it is something to await, never awaited."""
     if inspect.isawaitable(result):  # not an ``async def``, yet it returned one: never awaited, never acked
         if inspect.iscoroutine(result):
             result.close()
-        error = TypeError(f"the handler returned {type(result).__name__} to await; declare it with async def")
-        return verdict(HandlerOutcome.FAILED, partial(message.fail, error), error=error)
-    # A handler that finished despite a cancel request did its work: it is acked.
-    return verdict(HandlerOutcome.ACKED, partial(message.ack, worker=worker, result=result), result)
+        raise TypeError(f"the handler returned {type(result).__name__} to await; declare it with async def")
+    return result
+
+
+class _AckRefused(Exception):
+    """Raised inside an atomic handler's transaction to roll it back: the ack answered ``answer``, not True."""
+
+    def __init__(self, answer: bool | None) -> None:
+        super().__init__(answer)
+        self.answer = answer
+
+
+def _run_atomic(message: Message, handler: Handler, worker: str, verdict: Callable[..., Verdict]) -> Verdict:
+    """Run an atomic handler and ack its message in one transaction on the message's database.
+
+    Committed, the verdict is written already (`Verdict.committed`). Rolled
+    back, nothing the handler wrote there stays: when it raised, or the ack
+    or the commit failed (a failed attempt, retried after its backoff), or
+    the lease was lost (written as "lease lost").
+    """
+    try:
+        with transaction.atomic(using=message._state.db or "default"):
+            result = _returned(handler(message))
+            answer = message.ack(worker=worker, result=result)
+            if answer is not True:
+                raise _AckRefused(answer)
+    except _AckRefused as refused:
+        return verdict(HandlerOutcome.ACKED, partial(_answered, refused.answer), committed=True)
+    except Exception as exc:
+        return _failed(message, exc, verdict)
+    return verdict(HandlerOutcome.ACKED, partial(_answered, True), result, committed=True)
+
+
+def _answered(answer: bool | None) -> bool | None:
+    """A verdict's ``apply`` once its write is done: the answer that write had."""
+    return answer
 
 
 async def _arun(message: Message, handler: Handler, worker: str, timeout: float | None) -> Verdict:

@@ -47,14 +47,14 @@ if not any(ep.value == "django_dbqueue.testing.pytest_plugin" for ep in entry_po
 
 @pytest.fixture
 def handler():
-    """``handler(queue, kind=None)``: ``@django_dbqueue.handler`` for one test only."""
+    """``handler(queue, kind=None, **options)``: ``@django_dbqueue.handler`` for one test only."""
     from django_dbqueue import handlers
 
     registered = []
 
-    def register(queue, kind=None):
+    def register(queue, kind=None, **options):
         registered.append((queue, kind))
-        return handlers.handler(queue, kind)
+        return handlers.handler(queue, kind, **options)
 
     yield register
     for queue, kind in registered:

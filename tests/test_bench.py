@@ -56,9 +56,10 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
     assert phases["per_message"]["extra"]["batch_size"] == 1 and phases["per_message"]["extra"]["workers"] == 1
     assert phases["per_message"]["extra"]["messages"] == 100
     assert phases["drain_write"]["extra"]["handler"] == "write"
-    # peers: 1 and --workers default workers, each against the one-transaction-per-message loop.
+    # peers: 1 and --workers default workers, the job plain then atomic, against one transaction per message.
     peers = [r for r in report["results"] if r["phase"].startswith("peers")]
-    assert [r["extra"]["workers"] for r in peers] == [1, 2]
+    assert [r["extra"]["workers"] for r in peers] == [1, 1, 2, 2]
+    assert ["atomic handler" in r["phase"] for r in peers] == [False, True, False, True]
     for result in peers:
         assert result["ours"] > 0 and result["baseline"] > 0 and result["extra"]["messages"] == 200
         assert result["extra"]["cpu_ms_per_message"] > 0 and result["extra"]["raw_cpu_ms_per_message"] > 0
@@ -134,11 +135,13 @@ def test_fairness_and_sigkill_measure_the_default_against_fixed_batches(monkeypa
         assert run["short_held_max_ms"] <= run["seconds"] * 1000 and 0 <= run["short_held_over_1s"] <= 99
         assert run["short_only_per_second"] > 0
     assert sigkill["phase"].startswith("sigkill") and sigkill["extra"]["messages"] == 150
-    for label in ("adaptive", "batch 1"):
+    for label in ("adaptive", "batch 1", "atomic"):
         counts = sigkill["extra"][label]
         # What ran twice or lost an attempt was held by the killed worker; nothing else (each drain checked all).
         assert counts["ran_twice"] >= 0 and counts["attempt_lost_unrun"] >= 0
         assert counts["ran_twice"] + counts["attempt_lost_unrun"] <= counts["held_at_kill"]
+    # An atomic job's row is written with its ack: the killed transaction took its rows with it.
+    assert sigkill["extra"]["atomic"]["ran_twice"] == 0
     assert not Message.objects.filter(queue__startswith="queuebench.").exists()
 
 

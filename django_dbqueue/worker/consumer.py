@@ -235,10 +235,11 @@ class Consumer:
         """Write ``verdict``, or leave its ack to the batch; ``key``: what the message runs under in the ledger."""
         key = self.slot if key is None else key
         dead = False
-        if verdict.outcome == HandlerOutcome.ACKED and message.lease_token:
+        if verdict.outcome == HandlerOutcome.ACKED and message.lease_token and not verdict.committed:
             self.ledger.await_ack(key, verdict, batch=self.slot)
             outcome = HandlerOutcome.ACKED  # written by the completer with its batch; a lost lease is logged then
-        else:  # a handler that released or failed its own message left no lease token: "lease lost" at once
+        else:  # a handler that released or failed its own message left no lease token: "lease lost" at once;
+            # an atomic handler's ack was written with its transaction (record() tells what it came to)
             outcome = self.record(message, verdict)
             dead = ends_dead(message, outcome)
             ok = outcome in (HandlerOutcome.ACKED, HandlerOutcome.DEFERRED)

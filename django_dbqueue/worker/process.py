@@ -264,6 +264,8 @@ class QueueWorker:
         ):
             if queue in found:
                 name = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)}"
+                if handler_registry.is_atomic(queue, kind):
+                    name += " (atomic)"
                 found[queue].append(name if kind is None else f"kind {kind}: {name}")
         for queue, names in found.items():
             if not names:

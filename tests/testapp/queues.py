@@ -273,3 +273,17 @@ def record_ack(sender, message, **extra):
 # Only in the processes that record: a receiver makes a batch's ack read its archive rows back.
 if os.environ.get("DBQUEUE_TEST_ACKS"):
     django_dbqueue.signals.message_acked.connect(record_ack, dispatch_uid="tests.testapp.record_ack")
+
+
+def write_order(message) -> None:
+    """An order numbered after the message (``id:pid:time``): each run leaves a row, a run twice two."""
+    from tests.testapp.models import Order
+
+    Order.objects.create(number=f"{message.pk}:{os.getpid()}:{time.monotonic_ns() % 10**9}")
+    mark("wrote", message)
+    time.sleep(message.payload.get("sleep", 0))
+
+
+# tests/test_atomic_handlers.py: the same work, in the ack's transaction and in its own.
+django_dbqueue.handler("at-atomic", atomic=True)(write_order)
+django_dbqueue.handler("at-plain")(write_order)

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import connections
 
+from ... import handlers
 from ...models import Message
 from ...worker import QueueWorker, WorkerConfig
 from .rawsql import WRITE_TABLE, RawProtocol
@@ -122,6 +123,14 @@ def default_worker(
     ).run()
 
 
+def atomic_worker(
+    queue: str, batch_size: int, until_empty: bool = True, max_runtime: float | None = None, handler: str = "noop"
+) -> None:
+    """`default_worker` with its handler registered ``atomic=True``: the job's write commits with its ack."""
+    handlers.handler(queue, atomic=True)(HANDLERS[handler])
+    QueueWorker(WorkerConfig(queues=[queue], until_empty=until_empty, max_runtime=max_runtime)).run()
+
+
 def memory_worker(
     queue: str, batch_size: int, until_empty: bool = True, max_runtime: float | None = None, handler: str = "noop"
 ) -> None:
@@ -201,5 +210,6 @@ ROLES = {
     "raw-worker": raw_worker,
     "raw-txn-worker": raw_txn_worker,
     "default-worker": default_worker,
+    "atomic-worker": atomic_worker,
     "memory-worker": memory_worker,
 }

@@ -387,18 +387,20 @@ class QueueBench:
         for workers in sorted({1, self.config.workers}):
             sizes: dict[str, Any] = {"workers": workers, "messages": messages, "handler": "write"}
             baseline, raw_cpu = self._drain("raw-txn-worker", batch_size=1, **sizes)
-            ours, our_cpu = self._drain("default-worker", batch_size=1, **sizes)
-            extra = {
-                **sizes,
-                "batch_size": "runqueueworker's default",
-                "cpu_ms_per_message": our_cpu,
-                "raw_cpu_ms_per_message": raw_cpu,
-                "cpu_ratio": our_cpu / raw_cpu if raw_cpu else 0.0,
-                "ms_per_message": 1000 / ours,
-                "raw_ms_per_message": 1000 / baseline,
-            }
-            name = f"peers ({workers} default worker{'s' if workers > 1 else ''}, one-row jobs)"
-            results.append(Result(name, ours, "messages/s", baseline, extra))
+            # The handler registered atomic=True: its row and its ack in one transaction, as the raw loop's.
+            for role, how in (("default-worker", ""), ("atomic-worker", ", atomic handler")):
+                ours, our_cpu = self._drain(role, batch_size=1, **sizes)
+                extra = {
+                    **sizes,
+                    "batch_size": "runqueueworker's default",
+                    "cpu_ms_per_message": our_cpu,
+                    "raw_cpu_ms_per_message": raw_cpu,
+                    "cpu_ratio": our_cpu / raw_cpu if raw_cpu else 0.0,
+                    "ms_per_message": 1000 / ours,
+                    "raw_ms_per_message": 1000 / baseline,
+                }
+                name = f"peers ({workers} default worker{'s' if workers > 1 else ''}, one-row jobs{how})"
+                results.append(Result(name, ours, "messages/s", baseline, extra))
         return results
 
     def _run_until_empty(self, queue: str, role: str, workers: int, batch_size: int, handler: str) -> None:
@@ -466,11 +468,13 @@ class QueueBench:
     def phase_sigkill(self) -> list[Result]:
         """One worker draining one-row jobs, killed (SIGKILL) a third of the way through; the reaper gives its
         messages back and a second worker drains the rest. How many jobs ran twice (rows written twice), and
-        how many lost an attempt without running twice: the default (adaptive) against ``--batch-size 1``."""
+        how many lost an attempt without running twice: the default (adaptive) against ``--batch-size 1``, and
+        the default with the job registered ``atomic=True`` (its row written with its ack: never twice)."""
         queue = PREFIX + "drain"
         messages = min(SIGKILL_MESSAGES, self.config.messages)
         counts: dict[str, dict[str, int]] = {}
-        for label, role, batch in (("adaptive", "default-worker", 1), ("batch 1", "orm-worker", 1)):
+        runs = (("adaptive", "default-worker", 1), ("batch 1", "orm-worker", 1), ("atomic", "atomic-worker", 1))
+        for label, role, batch in runs:
             self.clean()
             self.fill(queue, messages)
             create_write_table(self.using)
