@@ -8,7 +8,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connections
 
 import django_dbqueue
-from django_dbqueue import handlers
+import django_dbqueue.workflows
+from django_dbqueue import Step, Workflow, handlers
 from django_dbqueue.exceptions import Cancelled
 from django_dbqueue.models import ArchivedMessage, Message
 from django_dbqueue.running import HandlerOutcome, decide, process
@@ -200,3 +201,69 @@ def test_a_worker_killed_after_the_write_runs_it_again_with_one_write_only_when_
     expected = 1 if queue == "at-atomic" else 2
     assert counts[slow.pk] == expected
     assert all(counts[m.pk] == 1 for m in quick)
+
+
+# --- with the rest: workflows, FIFO groups, the immediate mode ------------------------------
+
+
+def step_writes(message):
+    """A workflow step's handler: an order named after the step; fails when its payload says so."""
+    Order.objects.create(number=message.headers["dbqueue_step"][1])
+    if message.payload.get("fail"):
+        raise ValueError("step failed")
+    return message.payload
+
+
+def test_a_workflow_step_acked_atomically_readies_the_next_one(handler):
+    handler("at-wf", atomic=True)(step_writes)
+    run = django_dbqueue.workflows.chain("c", Step("a", "at-wf", {"n": 1}), Step("b", "at-wf")).enqueue()
+    (a,) = Message.objects.claim("at-wf")
+    assert process(a) == HandlerOutcome.ACKED
+    (b,) = Message.objects.claim("at-wf")  # ready in the transaction that acked a
+    assert b.parent_results() == {"a": {"n": 1}}
+    assert process(b) == HandlerOutcome.ACKED
+    assert sorted(Order.objects.values_list("number", flat=True)) == ["a", "b"]
+    assert Workflow.status(run.pk)["outcome"] == "succeeded"
+
+
+def test_a_workflow_step_that_fails_for_good_leaves_no_write_and_cancels_the_rest(handler):
+    handler("at-wf", atomic=True)(step_writes)
+    run = django_dbqueue.workflows.chain("c", Step("a", "at-wf", {"fail": True}, max_attempts=1), Step("b", "at-wf"))
+    run = run.enqueue()
+    (a,) = Message.objects.claim("at-wf")
+    assert process(a) == HandlerOutcome.FAILED
+    assert not Order.objects.exists() and not Message.objects.exists()
+    status = Workflow.status(run.pk)
+    assert [s["state"] for s in status["steps"]] == ["dead", "cancelled"]
+
+
+def test_a_fifo_groups_next_message_is_claimable_once_the_atomic_ack_commits(handler, settings):
+    settings.DBQUEUE = {
+        **settings.DBQUEUE,
+        "QUEUES": {**settings.DBQUEUE.get("QUEUES", {}), "at-fifo": {"ORDERED": True}},
+    }
+    handler("at-fifo", atomic=True)(writes_numbered)
+    for n in range(2):
+        django_dbqueue.enqueue("at-fifo", {"n": n}, group="g")
+    (first,) = Message.objects.claim("at-fifo", 10)
+    assert Message.objects.claim("at-fifo", 10) == []  # the group's turn is the first's
+    assert process(first) == HandlerOutcome.ACKED
+    (second,) = Message.objects.claim("at-fifo", 10)
+    assert second.payload == {"n": 1}
+    process(second)
+    assert list(Order.objects.order_by("id").values_list("number", flat=True)) == ["n0", "n1"]
+
+
+def writes_numbered(message):
+    Order.objects.create(number=f"n{message.payload['n']}")
+    if message.attempts < message.payload.get("succeed_on", 1):
+        raise ValueError(f"attempt {message.attempts} fails")
+
+
+def test_the_immediate_mode_runs_atomic_handlers_with_their_rollbacks(handler, settings):
+    settings.DBQUEUE = {"MODE": "immediate", "QUEUES": {"at-now": {"BACKOFF_BASE": 0}}}
+    handler("at-now", atomic=True)(writes_numbered)
+    django_dbqueue.enqueue("at-now", {"n": 7, "succeed_on": 3}, max_attempts=5)
+    row = ArchivedMessage.objects.get(queue="at-now")
+    assert (row.outcome, row.attempts) == ("acked", 3)
+    assert list(Order.objects.values_list("number", flat=True)) == ["n7"]  # two failed attempts left nothing
