@@ -27,6 +27,7 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
         "--memory-messages=2000",
         "--per-message-messages=100",
         "--peers-messages=200",
+        "--peers-concurrency=2",
         "--cpu-messages=40",
         "--json",
     )
@@ -60,6 +61,7 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
     peers = [r for r in report["results"] if r["phase"].startswith("peers")]
     assert [r["extra"]["workers"] for r in peers] == [1, 1, 2, 2]
     assert ["atomic handler" in r["phase"] for r in peers] == [False, True, False, True]
+    assert all(r["phase"].endswith("--concurrency 2)") and r["extra"]["concurrency"] == 2 for r in peers)
     for result in peers:
         assert result["ours"] > 0 and result["baseline"] > 0 and result["extra"]["messages"] == 200
         assert result["extra"]["cpu_ms_per_message"] > 0 and result["extra"]["raw_cpu_ms_per_message"] > 0

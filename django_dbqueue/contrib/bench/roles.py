@@ -32,6 +32,8 @@ def noop(message: Message) -> None:
 
 # The database the writing handler writes to: the one measured (set by run_role).
 WRITE_USING = "default"
+# The default workers' handler threads (queuebench --peers-concurrency, set by run_role); None: runqueueworker's.
+CONCURRENCY: int | None = None
 
 
 def write(message: Message) -> None:
@@ -118,9 +120,14 @@ def default_worker(
     queue: str, batch_size: int, until_empty: bool = True, max_runtime: float | None = None, handler: str = "noop"
 ) -> None:
     """A worker as ``runqueueworker`` starts it with no flags (its own batch size and polling), for the idle phase."""
-    QueueWorker(
-        WorkerConfig(queues=[queue], until_empty=until_empty, max_runtime=max_runtime, handler=HANDLERS[handler])
-    ).run()
+    QueueWorker(default_config(queue, until_empty, max_runtime, handler=HANDLERS[handler])).run()
+
+
+def default_config(queue: str, until_empty: bool, max_runtime: float | None, **options: Any) -> WorkerConfig:
+    """``runqueueworker``'s configuration with no flags (but the threads of --peers-concurrency, when given)."""
+    if CONCURRENCY is not None:
+        options["concurrency"] = CONCURRENCY
+    return WorkerConfig(queues=[queue], until_empty=until_empty, max_runtime=max_runtime, **options)
 
 
 def atomic_worker(
@@ -128,7 +135,7 @@ def atomic_worker(
 ) -> None:
     """`default_worker` with its handler registered ``atomic=True``: the job's write commits with its ack."""
     handlers.handler(queue, atomic=True)(HANDLERS[handler])
-    QueueWorker(WorkerConfig(queues=[queue], until_empty=until_empty, max_runtime=max_runtime)).run()
+    QueueWorker(default_config(queue, until_empty, max_runtime)).run()
 
 
 def memory_worker(
@@ -193,10 +200,11 @@ def run_role(
     database: str = "default",
     handler: str = "noop",
     report: str | None = None,
+    concurrency: int | None = None,
 ) -> None:
     """Run ``role``; with ``report``, write the CPU time of its work there (JSON)."""
-    global WRITE_USING
-    WRITE_USING = database
+    global WRITE_USING, CONCURRENCY
+    WRITE_USING, CONCURRENCY = database, concurrency
     started, wall = cpu_seconds(), time.monotonic()
     ROLES[role](queue, batch_size, until_empty, max_runtime, handler)
     if report:

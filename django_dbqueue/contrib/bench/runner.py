@@ -101,6 +101,7 @@ class BenchConfig:
     memory_messages: int = 100_000
     per_message_messages: int = 2_000
     peers_messages: int = 5_000  # the peers phase: as many jobs as the comparison with other queues drained
+    peers_concurrency: int | None = None  # the peers phase's default workers' threads; None: runqueueworker's
     fairness_messages: int = 400  # the fairness phase: a 2 s job among every 100 of 1 ms
     repeat: int = 1
     soak_messages: int = 1_000_000
@@ -283,7 +284,15 @@ class QueueBench:
         return [Result("enqueue_many", ours, "messages/s", baseline, {"messages": count})]
 
     def _drain(
-        self, role: str, *, workers: int, batch_size: int, messages: int, handler: str = "noop", groups: int = 0
+        self,
+        role: str,
+        *,
+        workers: int,
+        batch_size: int,
+        messages: int,
+        handler: str = "noop",
+        groups: int = 0,
+        options: tuple[str, ...] = (),
     ) -> tuple[float, float]:
         """``workers`` children of ``role`` drain ``messages``: messages/s, and their CPU milliseconds per message.
 
@@ -298,7 +307,7 @@ class QueueBench:
             create_write_table(self.using)
         with tempfile.TemporaryDirectory(prefix="queuebench-") as reports:
             paths = [os.path.join(reports, f"{n}.json") for n in range(workers)]
-            extra = ("--handler", handler)
+            extra = ("--handler", handler, *options)
             children = [
                 spawn(role, queue, self.config, *extra, "--report", path, batch_size=batch_size) for path in paths
             ]
@@ -388,17 +397,22 @@ class QueueBench:
             sizes: dict[str, Any] = {"workers": workers, "messages": messages, "handler": "write"}
             baseline, raw_cpu = self._drain("raw-txn-worker", batch_size=1, **sizes)
             # The handler registered atomic=True: its row and its ack in one transaction, as the raw loop's.
+            threads = self.config.peers_concurrency
+            options = ("--concurrency", str(threads)) if threads else ()
             for role, how in (("default-worker", ""), ("atomic-worker", ", atomic handler")):
-                ours, our_cpu = self._drain(role, batch_size=1, **sizes)
+                ours, our_cpu = self._drain(role, batch_size=1, options=options, **sizes)
                 extra = {
                     **sizes,
                     "batch_size": "runqueueworker's default",
+                    "concurrency": threads or "runqueueworker's default",
                     "cpu_ms_per_message": our_cpu,
                     "raw_cpu_ms_per_message": raw_cpu,
                     "cpu_ratio": our_cpu / raw_cpu if raw_cpu else 0.0,
                     "ms_per_message": 1000 / ours,
                     "raw_ms_per_message": 1000 / baseline,
                 }
+                if threads:
+                    how += f", --concurrency {threads}"
                 name = f"peers ({workers} default worker{'s' if workers > 1 else ''}, one-row jobs{how})"
                 results.append(Result(name, ours, "messages/s", baseline, extra))
         return results

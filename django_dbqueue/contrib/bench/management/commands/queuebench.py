@@ -52,6 +52,11 @@ class Command(BaseCommand):
             help="Jobs of the peers phase (default workers with one-row jobs against one transaction per message).",
         )
         parser.add_argument(
+            "--peers-concurrency",
+            type=positive_int,
+            help="Handler threads of the peers phase's default workers (default: runqueueworker's, 1).",
+        )
+        parser.add_argument(
             "--fairness-messages",
             type=positive_int,
             default=400,
@@ -104,6 +109,7 @@ class Command(BaseCommand):
         parser.add_argument("--max-runtime", type=float, help="(internal)")
         parser.add_argument("--handler", choices=sorted(HANDLERS), default="noop", help="(internal)")
         parser.add_argument("--report", help="(internal) where a child writes its CPU time")
+        parser.add_argument("--concurrency", type=positive_int, help="(internal) a default worker's threads")
 
     def handle(self, *args: Any, **options: Any) -> None:
         from django.conf import settings
@@ -119,6 +125,7 @@ class Command(BaseCommand):
                     database=options["database"],
                     handler=options["handler"],
                     report=options["report"],
+                    concurrency=options["concurrency"],
                 )
             return
         phases = tuple(p.strip() for p in options["phases"].split(",") if p.strip())
@@ -139,6 +146,7 @@ class Command(BaseCommand):
             memory_messages=options["memory_messages"],
             per_message_messages=options["per_message_messages"],
             peers_messages=options["peers_messages"],
+            peers_concurrency=options["peers_concurrency"],
             fairness_messages=options["fairness_messages"],
             repeat=options["repeat"],
             soak_messages=options["soak_messages"],
