@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from django.apps import apps
 from django.db import connections
 
+from ..db import cursors
 from ..db.capabilities import statement_bytes, writable_ctes
 from ..db.clock import aware_clock, compile_now, db_now, now_plus_seconds
 from ..db.sql import array_columns, insert_returns_ids, json_param, quoter
@@ -296,19 +297,26 @@ def insert_message(using: str, message: LiveMessage, delay: float | None) -> Non
         ]
     else:
         sql, params = _statement(using, "insert-values", 1, _insert_sql), values
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        if returning and delay == 0:  # three times from one clock reading, which a statement takes once
-            message.pk, created_at = cursor.fetchone()
-            message.created_at = message.available_at = message.first_available_at = aware_clock(created_at)
-        elif returning:
-            message.pk, *times = cursor.fetchone()
-            for column, value in zip(CLOCKED, times, strict=True):
-                setattr(message, column, aware_clock(value))
-        else:
-            message.pk = cursor.lastrowid
+    row = cursors.run(using, sql, params, _fetchone if returning else _lastrowid)
+    if returning and delay == 0:  # three times from one clock reading, which a statement takes once
+        message.pk, created_at = row
+        message.created_at = message.available_at = message.first_available_at = aware_clock(created_at)
+    elif returning:
+        message.pk, *times = row
+        for column, value in zip(CLOCKED, times, strict=True):
+            setattr(message, column, aware_clock(value))
+    else:
+        message.pk = row
     message._state.adding = False
     message._state.db = using
+
+
+def _fetchone(cursor: Any) -> Any:
+    return cursor.fetchone()
+
+
+def _lastrowid(cursor: Any) -> Any:
+    return cursor.lastrowid
 
 
 def _insert_sql(using: str, name: str, size: int) -> str:
