@@ -44,14 +44,14 @@ from functools import partial
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import transaction
 
 from . import signals
 from .conf import get_settings, queue_options
+from .db.transactions import write_transaction
 from .exceptions import Cancelled, HandlerTimeout, NotClaimed
 from .handlers import Defer, Handler, Reject, Retry, find_handler, runs_atomic
 from .models import Message
-from .models.consuming import error_text
+from .models.consuming import error_text, finished_as
 from .models.workflows import orphan_reason, step_of
 
 logger = logging.getLogger("django_dbqueue")
@@ -234,19 +234,46 @@ def _run_atomic(message: Message, handler: Handler, worker: str, verdict: Callab
     Committed, the verdict is written already (`Verdict.committed`). Rolled
     back, nothing the handler wrote there stays: when it raised, or the ack
     or the commit failed (a failed attempt, retried after its backoff), or
-    the lease was lost (written as "lease lost").
+    the lease was lost (written as "lease lost"). A handler that ended its
+    own message (release, fail, ack...) is committed as it is, and written
+    as "lease lost", as any handler's. The transaction is the queue's write
+    transaction: on SQLite it takes the write lock at its start.
     """
+    using = message._state.db or "default"
+    token = message.lease_token
+    ran = False  # the body ran to its end: an error from here on is the commit's, or an on_commit hook's
+    ended_itself = False
     try:
-        with transaction.atomic(using=message._state.db or "default"):
+        with write_transaction(using):
             result = _returned(handler(message))
-            answer = message.ack(worker=worker, result=result)
-            if answer is not True:
-                raise _AckRefused(answer)
+            ended_itself = message.lease_token is None or finished_as(message) is not None
+            if not ended_itself:
+                answer = message.ack(worker=worker, result=result)
+                if answer is not True:
+                    raise _AckRefused(answer)
+            ran = True
     except _AckRefused as refused:
         return verdict(HandlerOutcome.ACKED, partial(_answered, refused.answer), committed=True)
     except Exception as exc:
-        return _failed(message, exc, verdict)
+        if not (ran and not ended_itself and _acked_before(using, message, token)):
+            return _failed(message, exc, verdict)
+        # Committed, then a hook registered with transaction.on_commit() raised: the ack stands.
+        logger.error(
+            "message %s: acked with its handler's writes, then an on_commit hook raised", message.pk, exc_info=exc
+        )
+    if ended_itself:
+        return verdict(HandlerOutcome.ACKED, partial(_answered, False), committed=True)
     return verdict(HandlerOutcome.ACKED, partial(_answered, True), result, committed=True)
+
+
+def _acked_before(using: str, message: Message, token: str | None) -> bool:
+    """After an error at an atomic handler's commit: whether its ack was committed all the same (its leased
+    row is gone). Unknown (the connection is gone too) counts as not: the attempt then fails, and a
+    retry that finds the row gone is written as "lease lost"."""
+    try:
+        return not Message.objects.using(using).filter(pk=message.pk, lease_token=token).exists()
+    except Exception:
+        return False
 
 
 def _answered(answer: bool | None) -> bool | None:

@@ -63,7 +63,7 @@ def test_errors_are_djangos_and_mark_the_connection():
     assert type(raised.value).__module__ == "django.db.utils" and raised.value.__cause__ is not None
     assert connection.errors_occurred
     pk = Message.objects.get().pk
-    with pytest.raises(IntegrityError):  # a duplicate key: the driver's IntegrityError, as Django's
+    with pytest.raises(IntegrityError):  # a row the table refuses (a NOT NULL column, a duplicate id), as Django's
         cursors.run("default", "INSERT INTO dbqueue_message (id) VALUES (%s)", [pk], lambda c: None)
 
 
@@ -80,6 +80,8 @@ def test_a_broken_transaction_is_refused_as_django_refuses_it():
 
 
 def test_it_is_refused_inside_an_event_loop():
+    django_dbqueue.enqueue("jobs", {})  # the connection is open: the kept cursor's path, not Django's
+
     async def enqueue_in_the_loop():
         return cursors.run("default", "SELECT 1", [], lambda c: c.fetchone())
 
@@ -139,3 +141,19 @@ def test_after_an_enqueue_sqlite_is_free_for_another_writer():
         other.execute("ROLLBACK")
     finally:
         other.close()
+
+
+def test_a_connection_that_threads_share_keeps_no_cursor():
+    # LiveServerTestCase's threads share the test's in-memory SQLite connection: one kept cursor would
+    # be used by two threads at once.
+    wrapper = connections["default"]
+    django_dbqueue.enqueue("jobs", {})
+    wrapper.__dict__.pop(cursors.KEPT, None)
+    wrapper.inc_thread_sharing()
+    try:
+        django_dbqueue.enqueue("jobs", {})
+        assert kept() is None
+    finally:
+        wrapper.dec_thread_sharing()
+    django_dbqueue.enqueue("jobs", {})
+    assert kept() is not None

@@ -5,8 +5,8 @@ statement, and closes both after it: about a sixth of a single enqueue's
 CPU time. `run` sends a statement on one driver cursor kept per connection
 (made by the backend's ``create_cursor``, so its own translations hold),
 with the checks Django makes of every statement (not from an event loop,
-not a connection of another thread, not in a broken transaction) and its
-error translation. Whenever something watches statements (an
+not in a broken transaction) and its error translation; a connection that
+threads are allowed to share keeps none. Whenever something watches statements (an
 ``execute_wrapper``, DEBUG's or ``assertNumQueries``' query log, a tool
 that patched Django's cursor as APM agents and the debug toolbar do) or
 the connection needs Django's care first (not open yet, a health check
@@ -50,6 +50,7 @@ def run(using: str, sql: str, params: Sequence[Any], read: Callable[[Any], T]) -
         driver is None
         or connection.execute_wrappers
         or connection.queries_logged
+        or connection.allow_thread_sharing  # threads that share it (LiveServerTestCase) would share one cursor
         or cursor_patched(connection)
         # CONN_HEALTH_CHECKS' test of a reused connection, due once per request (not in django-stubs yet)
         or (getattr(connection, "health_check_enabled", False) and not getattr(connection, "health_check_done", True))

@@ -52,8 +52,18 @@ def _finish(message: LiveMessage, outcome: str, **row: Any) -> bool | None:
     )
     done, archived = finished
     if done:
+        message.__dict__[FINISHED] = outcome
         events.finished(message, outcome, archived, row)
     return done
+
+
+# Where a message instance keeps the outcome its lease holder finished it with (`finished_as`).
+FINISHED = "_dbqueue_finished_as"
+
+
+def finished_as(message: LiveMessage) -> str | None:
+    """The outcome this instance's holder archived it with (ack, dead letter, cancel), else None."""
+    return message.__dict__.get(FINISHED)
 
 
 def _archive(message: LiveMessage, outcome: str, **row: Any) -> bool:
