@@ -82,7 +82,7 @@ def handler(queue: str, kind: str | None = None, *, atomic: bool = False) -> Cal
             raise ImproperlyConfigured(
                 f"two handlers for queue {queue!r}, kind {kind!r}: {_name(existing)} and {_name(function)}"
             )
-        if atomic and (inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(type(function).__call__)):
+        if atomic and is_async(function):
             raise ImproperlyConfigured(
                 f"{_name(function)} is async: an atomic handler must be a plain function, "
                 "as Django's transactions are synchronous"
@@ -95,6 +95,13 @@ def handler(queue: str, kind: str | None = None, *, atomic: bool = False) -> Cal
         return function
 
     return register
+
+
+def is_async(handler: Handler | None) -> bool:
+    """Whether ``handler`` is an ``async def`` function (or a callable whose ``__call__`` is one)."""
+    if handler is None:
+        return False
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__)
 
 
 def _registration(queue: str, kind: str) -> tuple[str, str | None] | None:

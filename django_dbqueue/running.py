@@ -49,7 +49,7 @@ from . import signals
 from .conf import get_settings, queue_options
 from .db.transactions import write_transaction
 from .exceptions import Cancelled, HandlerTimeout, NotClaimed
-from .handlers import Defer, Handler, Reject, Retry, find_handler, runs_atomic
+from .handlers import Defer, Handler, Reject, Retry, find_handler, is_async, runs_atomic
 from .models import Message
 from .models.consuming import error_text, finished_as
 from .models.workflows import orphan_reason, step_of
@@ -116,13 +116,6 @@ class Verdict:
                 self.recorded(outcome)
             except Exception:  # the outcome is written; a listener's failure must not undo or repeat it
                 logger.exception("after_record of a handler failed (outcome %s)", outcome)
-
-
-def is_async(handler: Handler | None) -> bool:
-    """Whether ``handler`` is an ``async def`` function (or a callable whose ``__call__`` is one)."""
-    if handler is None:
-        return False
-    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__)
 
 
 def decide(message: Message, *, worker: str = "", handler: Handler | None = None) -> Verdict:

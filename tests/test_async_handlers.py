@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 import django_dbqueue
+from django_dbqueue.handlers import is_async
 from django_dbqueue.models import ArchivedMessage, Message, Outcome
-from django_dbqueue.running import HandlerOutcome, decide, is_async
+from django_dbqueue.running import HandlerOutcome, decide
 from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
 from tests.support.processes import LoggedCommands, read_marks, wait_for
 

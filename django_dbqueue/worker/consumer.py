@@ -32,9 +32,9 @@ from ..conf import queue_options
 from ..console import MESSAGES, event
 from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import DbQueueError
-from ..handlers import find_handler
+from ..handlers import find_handler, is_async
 from ..models import Message, QueueState
-from ..running import HandlerOutcome, Verdict, decide, ends_dead, is_async
+from ..running import HandlerOutcome, Verdict, decide, ends_dead
 from .completer import Completer, CompleterGone, Handover
 from .config import WorkerConfig
 from .ledger import Ledger

@@ -44,10 +44,9 @@ from ..console import event
 from ..db import describe
 from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import InvalidOption
-from ..handlers import Handler
+from ..handlers import Handler, is_async
 from ..models import Message
 from ..reaper import Reaper
-from ..running import is_async
 from ..schedules.scheduler import Scheduler
 from ..validation import validate_queues
 from .asyncconsumer import AsyncConsumer
