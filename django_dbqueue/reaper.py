@@ -291,6 +291,8 @@ class Reaper:
                 granularity,
                 self.using,
             )
+        for step in done.waited:
+            logger.warning("reaper: archive partitions on %r: %s; the next pass tries again", self.using, step)
         report.partitions_created += len(done.created)
         report.partitions_dropped += len(done.dropped)
 

@@ -6,13 +6,14 @@ back to the plain layout afterwards (the rollback is under test too).
 
 import os
 import signal
+import threading
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 from zoneinfo import ZoneInfo
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, connections, transaction
 
 import django_dbqueue
 from django_dbqueue.conf import find_problems
@@ -348,3 +349,70 @@ def test_the_reaper_vacuums_a_partitioned_archive_whose_partitions_hold_dead_row
     assert not vacuum_if_bloated("default", "dbqueue_archive")  # 300 dead rows are not worth a VACUUM
     assert vacuum_if_bloated("default", "dbqueue_archive", min_dead=100)
     assert dead_rows() == 0
+
+
+@servers
+def test_upkeep_behind_a_long_transaction_gives_up_in_time_and_acks_go_on(layout, settings, caplog):
+    """A DDL waiting for its lock holds up every later write to the table: the upkeep's wait is bounded.
+
+    Another connection keeps a transaction open after reading the archive
+    (an analytics read, an open shell). Without the bound the upkeep would
+    wait for it for ever, and an ack queued behind the upkeep's lock would
+    wait too: the ack is made in a thread, and must finish while the reader
+    is still open.
+    """
+    from django_dbqueue.db import partitions as ddl
+
+    now = datetime.now(UTC)
+    old = ArchivedMessageFactory(finished_at=now - timedelta(days=5))
+    layout.convert("daily")
+    partition_name = partition_of(old.pk)
+    ahead = [p for p in layout.partitions() if p.upper is not None and p.upper > now + timedelta(days=1)]
+    ddl.drop_partitions("default", "dbqueue_archive", [p.name for p in ahead])
+    settings.DBQUEUE = {**settings.DBQUEUE, "ARCHIVE_PARTITIONS": "daily", "RETENTION_DAYS": 2}
+    reading, release, failures = threading.Event(), threading.Event(), []
+
+    def long_reader():
+        try:
+            with transaction.atomic():
+                assert ArchivedMessage.objects.filter(pk=old.pk).exists()
+                reading.set()
+                assert release.wait(60)
+        except Exception as exc:  # reported by the test, not lost with the thread
+            failures.append(exc)
+        finally:
+            reading.set()
+            connections.close_all()
+
+    reader = threading.Thread(target=long_reader)
+    reader.start()
+    try:
+        assert reading.wait(30) and not failures
+        reaper = Reaper()
+        with caplog.at_level("WARNING", logger="django_dbqueue"):
+            report = reaper.run_once()
+        assert (report.partitions_created, report.partitions_dropped) == (0, 0)
+        waited = [r.getMessage() for r in caplog.records if "the next pass tries again" in r.getMessage()]
+        assert len(waited) == 2 and "creating partitions ahead" in waited[0] and "dropping" in waited[1]
+        assert "held its lock for more than 1 s" in waited[1]
+        assert partition_name in [p.name for p in layout.partitions()]  # (its row went by the row pruning)
+
+        acked = []
+
+        def ack():
+            try:
+                acked.append(ArchivedMessageFactory(finished_at=datetime.now(UTC)).pk)
+            finally:
+                connections.close_all()
+
+        acker = threading.Thread(target=ack)
+        acker.start()
+        acker.join(30)
+        assert acked, "an ack waited behind the upkeep although the reader is still open"
+    finally:
+        release.set()
+        reader.join(60)
+    assert not failures
+    report = Reaper().run_once()
+    assert report.partitions_created == len(ahead) and report.partitions_dropped >= 1
+    assert partition_name not in [p.name for p in layout.partitions()]

@@ -96,6 +96,16 @@ def is_transient(exc: BaseException, using: str) -> bool:
     return False
 
 
+def is_lock_timeout(exc: BaseException, using: str) -> bool:
+    """Whether a statement gave up waiting for a lock (MySQL 1205, PostgreSQL 55P03): nothing it did stays."""
+    if not isinstance(exc, DatabaseError):
+        return False
+    cause = exc.__cause__ or exc
+    if connections[using].vendor == "mysql":
+        return mysql_code(cause) == 1205
+    return getattr(cause, "sqlstate", None) == "55P03"
+
+
 # Errors the server answered with: the statement failed and its transaction was rolled back.
 # Any other transient error may have lost the connection after the server did the work.
 MYSQL_ANSWERED_CODES = {1047, 1053, 1205, 1213, 2002, 2003}

@@ -17,24 +17,39 @@ here refuses it with `PartitioningUnsupported`.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
 from ..exceptions import DbQueueError
+from .errors import is_lock_timeout
 
 # On MariaDB/MySQL the new table's id counter starts this far past the old
 # one's highest id, for the rows written to the old table between reading
 # that id and the rename (a rename cannot hold a lock across both steps).
 ID_GAP = 1_000_000
 
+# How long the reaper's partition DDL (creation ahead, drops) waits for the
+# table's lock. A DDL statement waiting for it holds up every later write to
+# the table behind it (PostgreSQL's lock queue, MySQL's metadata locks), so
+# behind a long transaction on the archive (an analytics read, an open
+# shell) an unbounded wait would stall every ack; bounded, the upkeep gives
+# up and the next pass tries again.
+UPKEEP_LOCK_WAIT_SECONDS = 1.0
+
 
 class PartitioningUnsupported(DbQueueError):
     """The database has no table partitions (SQLite)."""
+
+
+class LockNotFree(DbQueueError):
+    """Partition DDL gave up waiting for its table's lock (a long transaction holds it); nothing changed."""
 
 
 @dataclass(frozen=True)
@@ -378,20 +393,22 @@ def drop_old(using: str, table: str, old: str) -> None:
                 cursor.execute(f"ALTER SEQUENCE {sequence} RENAME TO {_qn(using, usual)}")
 
 
-def add_ranges(using: str, table: str, column: str, ranges: Sequence[Range], *, prefix: str) -> None:
+def add_ranges(
+    using: str, table: str, column: str, ranges: Sequence[Range], *, prefix: str, lock_wait: float | None = None
+) -> None:
     """Add ``ranges`` (each above the table's last range) before the catch-all.
 
     Rows the catch-all holds below a new range's upper bound move into it:
     MariaDB/MySQL's ``REORGANIZE PARTITION`` rewrites the catch-all (cheap
     when it is empty, which creation ahead keeps it); PostgreSQL detaches
     its default partition, moves those rows and attaches it again, in one
-    transaction (writes wait for it).
+    transaction (writes wait for it). ``lock_wait``: see `waiting_at_most`.
     """
     if not ranges:
         return
     vendor = _vendor(using)
     qt = _qn(using, table)
-    with transaction.atomic(using), connections[using].cursor() as cursor:
+    with transaction.atomic(using), connections[using].cursor() as cursor, waiting_at_most(using, cursor, lock_wait):
         if vendor == "mysql":
             cursor.execute(f"ALTER TABLE {qt} REORGANIZE PARTITION pmax INTO ({_mysql_ranges(using, ranges)})")
             return
@@ -412,14 +429,50 @@ def add_ranges(using: str, table: str, column: str, ranges: Sequence[Range], *, 
         _pg_name_partition_indexes(using, table)
 
 
-def drop_partitions(using: str, table: str, names: Sequence[str]) -> None:
-    """Drop whole partitions, their rows with them: no row is deleted one by one."""
+def drop_partitions(using: str, table: str, names: Sequence[str], *, lock_wait: float | None = None) -> None:
+    """Drop whole partitions, their rows with them, in one statement: no row is deleted one by one.
+
+    One statement takes the table's lock once and commits once, however
+    many partitions go. ``lock_wait``: see `waiting_at_most`.
+    """
     if not names:
         return
-    vendor = _vendor(using)
-    with connections[using].cursor() as cursor:
-        if vendor == "mysql":
-            cursor.execute(f"ALTER TABLE {_qn(using, table)} DROP PARTITION {', '.join(_qn(using, n) for n in names)}")
-            return
-        for name in names:
-            cursor.execute(f"DROP TABLE {_qn(using, name)}")
+    listed = ", ".join(_qn(using, n) for n in names)
+    if _vendor(using) == "mysql":
+        sql = f"ALTER TABLE {_qn(using, table)} DROP PARTITION {listed}"
+    else:
+        sql = f"DROP TABLE {listed}"
+    with transaction.atomic(using), connections[using].cursor() as cursor, waiting_at_most(using, cursor, lock_wait):
+        cursor.execute(sql)
+
+
+@contextmanager
+def waiting_at_most(using: str, cursor: Any, seconds: float | None) -> Iterator[None]:
+    """Inside a transaction: the DDL run in the block waits at most ``seconds`` for its locks (None: unbounded).
+
+    Raises `LockNotFree` when it gave up; the transaction is then rolled
+    back by the caller's ``atomic`` (PostgreSQL) or nothing was changed
+    (MySQL's DDL fails before it starts). MySQL's bound is whole seconds,
+    at least one, set on the session and restored afterwards.
+    """
+    if seconds is None:
+        yield
+        return
+    restore = None
+    if _vendor(using) == "postgresql":
+        cursor.execute(f"SET LOCAL lock_timeout = {max(1, int(seconds * 1000))}")
+    else:
+        cursor.execute("SELECT @@SESSION.lock_wait_timeout")
+        restore = int(cursor.fetchone()[0])
+        cursor.execute(f"SET SESSION lock_wait_timeout = {max(1, math.ceil(seconds))}")
+    try:
+        yield
+    except DatabaseError as exc:
+        if is_lock_timeout(exc, using):
+            raise LockNotFree(
+                f"a transaction on the table held its lock for more than {seconds:g} s; nothing was changed"
+            ) from exc
+        raise
+    finally:
+        if restore is not None:
+            cursor.execute(f"SET SESSION lock_wait_timeout = {restore}")

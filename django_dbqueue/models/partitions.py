@@ -79,6 +79,8 @@ class Upkeep:
     created: list[str] = field(default_factory=list)
     dropped: list[Partition] = field(default_factory=list)
     plain: bool = False
+    # The steps that gave up waiting for the archive's lock (a long transaction on it), and why.
+    waited: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -230,11 +232,20 @@ class ArchiveLayout:
                 return Upkeep()
             if not self.partitioned():
                 return Upkeep(plain=True)
-            created = self.ensure_ahead(granularity)
-            dropped = self.drop_before(before) if before is not None else []
-            return Upkeep(created=created, dropped=dropped)
+            done = Upkeep()
+            try:
+                done.created = self.ensure_ahead(granularity)
+            except ddl.LockNotFree as exc:
+                done.waited.append(f"creating partitions ahead: {exc}")
+            try:
+                done.dropped = self.drop_before(before) if before is not None else []
+            except ddl.LockNotFree as exc:
+                done.waited.append(f"dropping partitions: {exc}")
+            return done
 
-    def ensure_ahead(self, granularity: str, now: datetime | None = None) -> list[str]:
+    def ensure_ahead(
+        self, granularity: str, now: datetime | None = None, lock_wait: float | None = ddl.UPKEEP_LOCK_WAIT_SECONDS
+    ) -> list[str]:
         """Create the partitions missing from the last one to `AHEAD` periods past ``now``; their labels.
 
         After an outage the missing periods are created too, and the rows the
@@ -247,7 +258,7 @@ class ArchiveLayout:
         if uppers[-1] > until:
             return []
         wanted = [r for r in ranges(granularity, self.zone, uppers[-1], until) if r.upper > uppers[-1]]
-        ddl.add_ranges(self.using, ARCHIVE_TABLE, PARTITION_COLUMN, wanted, prefix=ARCHIVE_TABLE)
+        ddl.add_ranges(self.using, ARCHIVE_TABLE, PARTITION_COLUMN, wanted, prefix=ARCHIVE_TABLE, lock_wait=lock_wait)
         return [r.label for r in wanted]
 
     def droppable(self, before: datetime) -> list[Partition]:
@@ -255,10 +266,14 @@ class ArchiveLayout:
         ranged = [p for p in self.partitions() if p.upper is not None]
         return [p for p in ranged[:-1] if p.upper is not None and p.upper <= before]
 
-    def drop_before(self, before: datetime) -> list[Partition]:
-        """Drop the partitions wholly before ``before``: retention without a row deleted one by one."""
+    def drop_before(self, before: datetime, lock_wait: float | None = ddl.UPKEEP_LOCK_WAIT_SECONDS) -> list[Partition]:
+        """Drop the partitions wholly before ``before``: retention without a row deleted one by one.
+
+        Raises `LockNotFree` (nothing dropped) when the archive's lock was
+        not free within ``lock_wait`` seconds (None: waits as long as it takes).
+        """
         gone = self.droppable(before)
-        ddl.drop_partitions(self.using, ARCHIVE_TABLE, [p.name for p in gone])
+        ddl.drop_partitions(self.using, ARCHIVE_TABLE, [p.name for p in gone], lock_wait=lock_wait)
         return gone
 
 
