@@ -42,8 +42,17 @@ SINGLE = {
 # Not collected again, with why. InnoDB estimates a partitioned table's rows
 # partition by partition, from sampled pages: for the test's 200 rows the
 # estimate came out 0 (the paginator then counts, capped) or 419, outside its
-# 100-400 bound. The paginator still reads no COUNT(*) over the table.
-LEFT_OUT = {"mysql": {"test_paginator__test_unfiltered_large_table_is_estimated_not_counted"}}
+# 100-400 bound, and an EXPLAIN's for 100 matching rows 9 or 508. The
+# paginator still reads no COUNT(*) over the table, and checks a filtered
+# estimate by counting (test_a_planner_that_overestimates_is_caught_by_the_check
+# runs here).
+LEFT_OUT = {
+    "mysql": {
+        "test_paginator__test_unfiltered_large_table_is_estimated_not_counted",
+        "test_paginator__test_a_filter_matching_many_rows_of_a_large_table_shows_the_planners_estimate",
+        "test_paginator__test_the_match_estimate_is_the_planners_or_none",
+    }
+}
 
 
 def _collect_again() -> None:

@@ -416,3 +416,36 @@ def test_upkeep_behind_a_long_transaction_gives_up_in_time_and_acks_go_on(layout
     report = Reaper().run_once()
     assert report.partitions_created == len(ahead) and report.partitions_dropped >= 1
     assert partition_name not in [p.name for p in layout.partitions()]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's drop is two steps; MySQL's one statement")
+def test_a_drop_stopped_after_detaching_is_finished_by_the_next_upkeep(layout, settings, monkeypatch):
+    """Detached, then dropped: a process that dies in between leaves detached tables the next pass removes."""
+    from django_dbqueue.db import partitions as ddl
+
+    now = datetime.now(UTC)
+    old = ArchivedMessageFactory(finished_at=now - timedelta(days=5))
+    kept = ArchivedMessageFactory(finished_at=now)
+    layout.convert("daily")
+    settings.DBQUEUE = {**settings.DBQUEUE, "ARCHIVE_PARTITIONS": "daily", "RETENTION_DAYS": 2}
+    partition = partition_of(old.pk)
+    expired = [p.name for p in layout.droppable(now - timedelta(days=2))]
+    assert partition in expired
+
+    def dies(using, names, lock_wait):
+        raise RuntimeError("the process died between the detach and the drop")
+
+    monkeypatch.setattr(ddl, "_drop_tables", dies)
+    with pytest.raises(RuntimeError, match="died between"):
+        Reaper().run_once()
+    monkeypatch.undo()
+    attached = [p.name for p in layout.partitions()]
+    assert not set(expired) & set(attached)  # detached: out of the archive's reads already
+    assert not ArchivedMessage.objects.filter(pk=old.pk).exists()
+    assert set(expired) <= set(connection.introspection.table_names())
+
+    report = Reaper().run_once()
+    assert report.partitions_dropped >= len(expired)
+    assert not set(expired) & set(connection.introspection.table_names())
+    assert ddl.drop_detached("default", "dbqueue_archive") == []
+    assert ArchivedMessage.objects.filter(pk=kept.pk).exists()

@@ -430,20 +430,58 @@ def add_ranges(
 
 
 def drop_partitions(using: str, table: str, names: Sequence[str], *, lock_wait: float | None = None) -> None:
-    """Drop whole partitions, their rows with them, in one statement: no row is deleted one by one.
+    """Drop whole partitions, their rows with them: no row is deleted one by one.
 
-    One statement takes the table's lock once and commits once, however
-    many partitions go. ``lock_wait``: see `waiting_at_most`.
+    MariaDB/MySQL: one ``ALTER TABLE ... DROP PARTITION``. PostgreSQL: the
+    partitions are detached in one short transaction, then dropped in
+    another. The server frees a dropped table's files at commit, with its
+    locks still held (about 0.5 s for 30 days of a 10-million-row archive
+    here); detached first, the archive's own lock is held only for the
+    catalog change, and acks wait for that alone. A drop stopped between
+    the two leaves detached tables, which `drop_detached` (the next
+    upkeep) removes. ``lock_wait``: see `waiting_at_most`.
     """
     if not names:
         return
-    listed = ", ".join(_qn(using, n) for n in names)
-    if _vendor(using) == "mysql":
-        sql = f"ALTER TABLE {_qn(using, table)} DROP PARTITION {listed}"
+    mysql = _vendor(using) == "mysql"
+    qt = _qn(using, table)
+    if mysql:
+        statements = [f"ALTER TABLE {qt} DROP PARTITION {', '.join(_qn(using, n) for n in names)}"]
     else:
-        sql = f"DROP TABLE {listed}"
+        statements = [f"ALTER TABLE {qt} DETACH PARTITION {_qn(using, name)}" for name in names]
     with transaction.atomic(using), connections[using].cursor() as cursor, waiting_at_most(using, cursor, lock_wait):
-        cursor.execute(sql)
+        for sql in statements:
+            cursor.execute(sql)
+    if not mysql:
+        _drop_tables(using, names, lock_wait)
+
+
+def _drop_tables(using: str, names: Sequence[str], lock_wait: float | None) -> None:
+    with transaction.atomic(using), connections[using].cursor() as cursor, waiting_at_most(using, cursor, lock_wait):
+        cursor.execute(f"DROP TABLE {', '.join(_qn(using, n) for n in names)}")
+
+
+def drop_detached(using: str, table: str, *, lock_wait: float | None = None) -> list[str]:
+    """PostgreSQL: drop the tables named as ``table``'s partitions that are attached to no table; their names.
+
+    Those are partitions a drop detached and did not get to drop (the
+    process died, or their lock was not free): past retention, already out
+    of the archive's reads. Nothing on MariaDB/MySQL, whose drop is one
+    statement.
+    """
+    if _vendor(using) != "postgresql":
+        return []
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_class c WHERE c.relkind = 'r' AND pg_table_is_visible(c.oid) "
+            "AND c.relname ~ %s AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid) "
+            "ORDER BY c.relname",
+            [f"^{re.escape(table)}_p[0-9]{{8}}$"],
+        )
+        names = [row[0] for row in cursor.fetchall()]
+    if names:
+        _drop_tables(using, names, lock_wait)
+    return names
 
 
 @contextmanager

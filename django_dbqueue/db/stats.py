@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+from django.core.exceptions import EmptyResultSet
 from django.db import OperationalError, connections, transaction
+from django.db.models import QuerySet
 
 
 def refresh_statistics(using: str, table: str, *, force: bool = False) -> bool:
@@ -129,3 +134,33 @@ def estimated_row_count(using: str, table: str) -> int | None:
     if row is None or row[0] is None or row[0] < 0:
         return None
     return int(row[0])
+
+
+def estimated_match_count(rows: QuerySet[Any]) -> int | None:
+    """The planner's idea of how many rows a filtered queryset matches: an ``EXPLAIN``, no row read.
+
+    PostgreSQL: the plan's top row estimate. MySQL/MariaDB: the ``rows``
+    column of a one-table plan (the rows it expects to examine: a scan's is
+    the whole table's). None for anything else: SQLite, a plan of several
+    tables, a queryset that matches nothing by construction. An estimate
+    may be far off either way, so the caller checks it (`EstimatingPaginator`).
+    """
+    connection = connections[rows.db]
+    if connection.vendor not in ("mysql", "postgresql"):
+        return None
+    try:
+        sql, params = rows.order_by().query.get_compiler(rows.db).as_sql()
+    except EmptyResultSet:
+        return None
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+            plan = cursor.fetchone()[0]
+            plan = json.loads(plan) if isinstance(plan, str) else plan
+            return int(plan[0]["Plan"]["Plan Rows"])
+        cursor.execute(f"EXPLAIN {sql}", params)
+        steps = cursor.fetchall()
+        names = [column[0].lower() for column in cursor.description]
+    if len(steps) != 1 or steps[0][names.index("rows")] is None:
+        return None
+    return int(steps[0][names.index("rows")])

@@ -81,6 +81,8 @@ class Upkeep:
     plain: bool = False
     # The steps that gave up waiting for the archive's lock (a long transaction on it), and why.
     waited: list[str] = field(default_factory=list)
+    # PostgreSQL: partitions an earlier drop detached and did not get to drop, dropped now.
+    swept: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -238,6 +240,7 @@ class ArchiveLayout:
             except ddl.LockNotFree as exc:
                 done.waited.append(f"creating partitions ahead: {exc}")
             try:
+                done.swept = ddl.drop_detached(self.using, ARCHIVE_TABLE, lock_wait=ddl.UPKEEP_LOCK_WAIT_SECONDS)
                 done.dropped = self.drop_before(before) if before is not None else []
             except ddl.LockNotFree as exc:
                 done.waited.append(f"dropping partitions: {exc}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
@@ -34,6 +34,8 @@ from .rawsql import archive_bytes, archive_garbage, truncate
 HISTORY_QUEUE = "queuebench-history"
 SEED_QUEUE = "queuebench-history-seed"
 SEED = 1000
+# The retention pass starts once the drain acks, or after this many seconds.
+START_WITHIN = 60.0
 # The columns an archive row needs, copied as they are; queue and finished_at are set by each copy.
 COPIED = (
     "message_id, kind, payload, headers, priority, created_at, first_available_at, claimed_at, "
@@ -42,13 +44,26 @@ COPIED = (
 
 
 class RetentionBench:
-    """One layout's measurement; ``drain()`` is the benchmark's drain of the live queue (messages/s)."""
+    """One layout's measurement.
+
+    ``drain()`` is the benchmark's drain of the live queue (messages/s);
+    ``draining(since)`` tells whether its workers have acked since
+    ``since``, so that the retention pass meets the acks, not the drain's
+    own clean-up and fill before them.
+    """
 
     def __init__(
-        self, using: str, rows: int, days: int, batch_size: int, drain: Callable[[], float], fill: Callable[..., None]
+        self,
+        using: str,
+        rows: int,
+        days: int,
+        batch_size: int,
+        drain: Callable[[], float],
+        fill: Callable[..., None],
+        draining: Callable[[datetime], bool],
     ) -> None:
         self.using, self.rows, self.days, self.batch_size = using, rows, days, batch_size
-        self.drain, self.fill = drain, fill
+        self.drain, self.fill, self.draining = drain, fill, draining
         self.layout = ArchiveLayout(using)
 
     def check_archive(self) -> None:
@@ -104,7 +119,12 @@ class RetentionBench:
         cutoff = period_start(db_now(self.using) - timedelta(days=self.days // 2), "daily", self.layout.zone)
         outcome: dict[str, Any] = {}
 
+        since = db_now(self.using)
+
         def retain() -> None:
+            deadline = time.monotonic() + START_WITHIN
+            while not self.draining(since) and time.monotonic() < deadline:
+                time.sleep(0.01)
             started = time.perf_counter()
             try:
                 dropped = self.layout.drop_before(cutoff) if partitioned else []

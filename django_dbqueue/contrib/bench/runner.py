@@ -21,6 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any, TextIO
 
 from django.conf import settings
@@ -652,7 +653,12 @@ class QueueBench:
 
         rows, days = self.config.history_rows, self.config.history_days
         self.say(f"archive: {rows:,} archived rows over {days} days, each layout in turn")
-        bench = RetentionBench(self.using, rows, days, get_settings().reap_batch_size, drain, self.fill)
+        acks = ArchivedMessage.objects.using(self.using).filter(queue=PREFIX + "drain")
+
+        def draining(since: datetime) -> bool:
+            return acks.filter(finished_at__gte=since).exists()
+
+        bench = RetentionBench(self.using, rows, days, get_settings().reap_batch_size, drain, self.fill, draining)
         measured = bench.run()
         delete, drop = measured["delete"], measured["drop"]
         sizes = f"{rows:,} rows, {days} days, keep {days - days // 2}"
