@@ -18,7 +18,7 @@ from django.core.paginator import Paginator
 from django.db.models import Model, QuerySet
 from django.utils.functional import cached_property
 
-from .db.stats import estimated_match_count, estimated_row_count
+from .db.stats import estimated_match_count, estimated_row_count, without_jit
 
 if TYPE_CHECKING:
     # Generic in its items for type checkers (django-stubs); Django's is not subscriptable.
@@ -55,14 +55,15 @@ class EstimatingPaginator(RowPaginator):
                 self.approximate = "about"
                 return table
             # Filtered: counting the matches of a large table costs in proportion to them (up to the cap).
-            guess = estimated_match_count(rows)
-            if guess is not None and guess >= self.exact_below:
-                enough = min(self.checked_rows, self.count_cap)
-                checked = rows.order_by()[:enough].count()
-                if checked < enough:
-                    return checked
-                self.approximate = "about"
-                return max(guess, checked)
+            with without_jit(rows.db):
+                guess = estimated_match_count(rows)
+                if guess is not None and guess >= self.exact_below:
+                    enough = min(self.checked_rows, self.count_cap)
+                    checked = rows.order_by()[:enough].count()
+                    if checked < enough:
+                        return checked
+                    self.approximate = "about"
+                    return max(guess, checked)
         counted = rows.order_by()[: self.count_cap + 1].count()
         if counted > self.count_cap:
             self.approximate = "more than"

@@ -294,7 +294,7 @@ class Reaper:
         for step in done.waited:
             logger.warning("reaper: archive partitions on %r: %s; the next pass tries again", self.using, step)
         report.partitions_created += len(done.created)
-        report.partitions_dropped += len(done.dropped) + len(done.swept)
+        report.partitions_dropped += len(done.dropped)
 
     def prune(self) -> int:
         """Delete archive rows past their queue's retention, a batch at a time."""

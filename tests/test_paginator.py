@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_dbqueue.db.stats import estimated_match_count, estimated_row_count
+from django_dbqueue.db.stats import estimated_match_count, estimated_row_count, without_jit
 from django_dbqueue.models import ArchivedMessage, DeadLetter, Outcome
 from django_dbqueue.paginator import EstimatingPaginator
 from tests.support.admin_helpers import changelist, staff
@@ -194,3 +194,19 @@ def test_lists_walk_their_index(model, index):
             plan = "\n".join(row[0] for row in cursor.fetchall())
             # No Sort node; a partitioned archive's Merge Append names its "Sort Key" but sorts nothing.
             assert index in plan and not re.search(r"(^|->)\s*Sort\s+\(", plan, re.MULTILINE), plan
+
+
+def test_the_estimate_and_its_check_run_without_jit_on_postgresql():
+    """PostgreSQL compiles them for the table they could read: most of an EXPLAIN's time on a large archive."""
+    if connection.vendor != "postgresql":
+        pytest.skip("JIT is PostgreSQL's")
+
+    def jit():
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW jit")
+            return cursor.fetchone()[0]
+
+    before = jit()
+    with without_jit("default"):
+        assert jit() == "off"
+    assert jit() == before

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
@@ -164,3 +166,23 @@ def estimated_match_count(rows: QuerySet[Any]) -> int | None:
     if len(steps) != 1 or steps[0][names.index("rows")] is None:
         return None
     return int(steps[0][names.index("rows")])
+
+
+@contextmanager
+def without_jit(using: str) -> Iterator[None]:
+    """PostgreSQL: the block's statements run in a transaction that does not JIT-compile them.
+
+    The planner costs a list's ``EXPLAIN`` and capped count by the table
+    they could read (10 million rows: far past ``jit_above_cost``), so the
+    server compiles statements that read a thousand rows: measured here,
+    1.4 ms of a 2 ms ``EXPLAIN``. Inside the caller's transaction the
+    setting lasts until that transaction ends. Elsewhere: nothing.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with transaction.atomic(using=using):
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL jit = off")
+        yield

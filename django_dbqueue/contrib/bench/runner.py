@@ -1104,8 +1104,13 @@ def as_table(results: list[Result], config: BenchConfig) -> str:
                 )
                 lines.append(
                     f"{'':<4}{side}: {m['rows_removed']:,} of {m['rows']:,} rows gone, {m['rows_deleted']:,} deleted "
-                    f"row by row, {m['partitions_dropped']} partitions dropped; {garbage}; "
+                    f"row by row, {m['partitions_dropped']} partitions retired; {garbage}; "
                     f"{m['bytes_before'] / 2**20:,.0f} MB before, {m['bytes_after'] / 2**20:,.0f} MB after"
+                    + (
+                        f"; their {m['tables_freed']} tables freed afterwards in {m['free_seconds']:.2f} s"
+                        if m["tables_freed"]
+                        else ""
+                    )
                 )
         if r.phase.startswith("drain during retention"):
             lines.append(f"{'':<4}baseline here is the same drain just before the retention pass, not raw SQL")
