@@ -5,7 +5,7 @@ whole table: with a million archived messages each page of the archive
 would take seconds before showing a hundred rows. This paginator asks the
 database's statistics for an unfiltered list of a large table, and the
 planner (``EXPLAIN``) for a filtered list of a large table, checking that
-estimate by counting at most ``checked_rows``; any other list is counted
+estimate by counting at most ``checked_pages`` pages; any other list is counted
 exactly but only up to ``count_cap`` rows. Either way the page's rows are
 read by index, so a page costs about the same on any table size.
 """
@@ -38,9 +38,9 @@ class EstimatingPaginator(RowPaginator):
     exact_below = 10_000
     # A filtered count stops here: COUNT(*) over a LIMITed subquery reads at most this many rows.
     count_cap = 100_000
-    # A filtered list the planner puts at exact_below rows or more is counted up to this many: fewer found
-    # is the exact count (the planner was wrong), as many shows the planner's estimate.
-    checked_rows = 1_000
+    # A filtered list the planner puts at exact_below rows or more is counted up to this many pages: fewer
+    # found is the exact count (the planner was wrong), as many shows the planner's estimate.
+    checked_pages = 2
 
     approximate = ""
 
@@ -58,7 +58,7 @@ class EstimatingPaginator(RowPaginator):
             with without_jit(rows.db):
                 guess = estimated_match_count(rows)
                 if guess is not None and guess >= self.exact_below:
-                    enough = min(self.checked_rows, self.count_cap)
+                    enough = min(self.checked_pages * self.per_page, self.count_cap)
                     checked = rows.order_by()[:enough].count()
                     if checked < enough:
                         return checked

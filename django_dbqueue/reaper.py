@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -54,6 +55,10 @@ from .progress import NullProgress, Progress
 
 logger = logging.getLogger("django_dbqueue")
 LOCK_NAME = "django_dbqueue.reaper"
+# After the partition upkeep gave up behind a long transaction on the archive, it waits this long before
+# its next try, doubling up to the most (each try holds acks up for as long as it waits for its lock).
+UPKEEP_BACKOFF_MIN = 30.0
+UPKEEP_BACKOFF_MAX = 900.0
 
 
 def lock_name(using: str) -> str:
@@ -108,6 +113,9 @@ class Reaper:
         self.batch_size = batch_size or get_settings().reap_batch_size
         self.progress = progress or NullProgress()
         self._told_plain = False  # the warning that the setting asks for partitions the archive lacks: once
+        # After the partition upkeep met a long transaction on the archive: not tried again before then.
+        self._upkeep_after = 0.0
+        self._upkeep_backoff = 0.0
 
     def run_once(self) -> ReapReport | None:
         """One pass; None when another reaper holds the lock."""
@@ -277,7 +285,7 @@ class Reaper:
         """
         dbq = get_settings()
         granularity = dbq.archive_partitions
-        if granularity is None:
+        if granularity is None or time.monotonic() < self._upkeep_after:
             return
         days = [dbq.defaults.retention_days, *(options.retention_days for options in dbq.queues.values())]
         longest = None if any(day is None for day in days) else max(d for d in days if d is not None)
@@ -291,8 +299,16 @@ class Reaper:
                 granularity,
                 self.using,
             )
+        if done.waited:
+            # Each try holds acks up for as long as it waits: not every pass while the transaction lasts.
+            self._upkeep_backoff = min(UPKEEP_BACKOFF_MAX, max(UPKEEP_BACKOFF_MIN, 2 * self._upkeep_backoff))
+            self._upkeep_after = time.monotonic() + self._upkeep_backoff
+        else:
+            self._upkeep_backoff = 0.0
         for step in done.waited:
-            logger.warning("reaper: archive partitions on %r: %s; the next pass tries again", self.using, step)
+            logger.warning(
+                "reaper: archive partitions on %r: %s; tried again in %d s", self.using, step, self._upkeep_backoff
+            )
         report.partitions_created += len(done.created)
         report.partitions_dropped += len(done.dropped)
 

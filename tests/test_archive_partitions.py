@@ -387,9 +387,12 @@ def test_upkeep_behind_a_long_transaction_gives_up_in_time_and_acks_go_on(layout
         reaper = Reaper()
         with caplog.at_level("WARNING", logger="django_dbqueue"):
             report = reaper.run_once()
+            waited = [r.getMessage() for r in caplog.records if "tried again in 30 s" in r.getMessage()]
+            # The same reaper backs off: its next pass does not hold acks up behind the reader again.
+            assert reaper.run_once().partitions_dropped == 0
+            assert len([r for r in caplog.records if "tried again" in r.getMessage()]) == 2
         assert (report.partitions_created, report.partitions_dropped) == (0, 0)
-        waited = [r.getMessage() for r in caplog.records if "the next pass tries again" in r.getMessage()]
-        assert len(waited) == 2 and "creating partitions ahead" in waited[0] and "dropping" in waited[1]
+        assert len(waited) == 2 and "creating partitions ahead" in waited[0] and "retiring" in waited[1]
         assert "held its lock for more than 1 s" in waited[1]
         assert partition_name in [p.name for p in layout.partitions()]  # (its row went by the row pruning)
 
@@ -424,6 +427,8 @@ def test_retired_partitions_leave_the_archive_at_once_and_their_tables_go_one_a_
     A reaper killed after detaching leaves the same state: later passes
     finish it.
     """
+    if not ddl.retires_to_tables("default"):
+        pytest.skip("MySQL drops partitions in place: no retired table is left")
     now = datetime.now(UTC)
     old = [ArchivedMessageFactory(finished_at=now - timedelta(days=n)) for n in (5, 6, 7)]
     kept = ArchivedMessageFactory(finished_at=now)
@@ -447,6 +452,8 @@ def test_retired_partitions_leave_the_archive_at_once_and_their_tables_go_one_a_
 @servers
 def test_a_conversion_frees_retired_partitions_first(layout, settings):
     """On PostgreSQL a retired table would stand in the way of a partition of the same day, created anew."""
+    if not ddl.retires_to_tables("default"):
+        pytest.skip("MySQL drops partitions in place: no retired table is left")
     now = datetime.now(UTC)
     ArchivedMessageFactory(finished_at=now - timedelta(days=5))
     layout.convert("daily")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -49,7 +49,7 @@ class PartitioningUnsupported(DbQueueError):
 
 
 class LockNotFree(DbQueueError):
-    """Partition DDL gave up waiting for its table's lock (a long transaction holds it); nothing changed."""
+    """Partition DDL gave up waiting for its table's lock (a long transaction holds it); that statement did nothing."""
 
 
 @dataclass(frozen=True)
@@ -430,12 +430,11 @@ def add_ranges(
 
 
 def drop_partitions(using: str, table: str, names: Sequence[str], *, lock_wait: float | None = None) -> None:
-    """Drop whole partitions, their rows with them, now: `detach_partitions`, then `drop_detached`."""
-    detach_partitions(using, table, names, lock_wait=lock_wait)
-    drop_detached(using, table, lock_wait=lock_wait)
+    """Drop whole partitions, their rows with them, now: `detach_partitions`, then their tables."""
+    _drop_tables(using, detach_partitions(using, table, names, lock_wait=lock_wait), lock_wait)
 
 
-def detach_partitions(using: str, table: str, names: Sequence[str], *, lock_wait: float | None = None) -> None:
+def detach_partitions(using: str, table: str, names: Sequence[str], *, lock_wait: float | None = None) -> list[str]:
     """Take whole partitions out of ``table``, their rows with them, as tables of their own for `drop_detached`.
 
     No row is deleted one by one, and ``table``'s lock is held for a
@@ -447,24 +446,39 @@ def detach_partitions(using: str, table: str, names: Sequence[str], *, lock_wait
     with the dropped table's locks held (on PostgreSQL 0.5 s for 30 days of
     a 10-million-row archive here): done on the detached tables, it holds
     up no ack. MySQL, which cannot take a partition out without copying
-    it, drops it in place (``DROP PARTITION``). ``lock_wait``: see
-    `waiting_at_most`.
+    it, drops it in place (``DROP PARTITION``). Returns the tables left
+    to drop. ``lock_wait``: see `waiting_at_most`.
     """
     if not names:
-        return
+        return []
     qt = _qn(using, table)
     if _vendor(using) == "postgresql":
         statements = [f"ALTER TABLE {qt} DETACH PARTITION {_qn(using, name)}" for name in names]
-    elif _converts(using):
+        tables = list(names)
+    elif retires_to_tables(using):
+        tables = [f"{table}_{name}" for name in names]
         statements = [
-            f"ALTER TABLE {qt} CONVERT PARTITION {_qn(using, name)} TO TABLE {_qn(using, f'{table}_{name}')}"
-            for name in names
+            f"ALTER TABLE {qt} CONVERT PARTITION {_qn(using, name)} TO TABLE {_qn(using, new)}"
+            for name, new in zip(names, tables, strict=True)
         ]
     else:
         statements = [f"ALTER TABLE {qt} DROP PARTITION {', '.join(_qn(using, n) for n in names)}"]
+        tables = []
     with transaction.atomic(using), connections[using].cursor() as cursor, waiting_at_most(using, cursor, lock_wait):
         for sql in statements:
             cursor.execute(sql)
+    return tables
+
+
+def retires_to_tables(using: str) -> bool:
+    """Whether a partition taken out of its table becomes a table of its own (PostgreSQL; MariaDB 10.7 on).
+
+    MySQL cannot take a partition out without copying it: there it is
+    dropped in place, and no retired table is ever left.
+    """
+    if _vendor(using) == "postgresql":
+        return True
+    return _converts(using)
 
 
 def _converts(using: str) -> bool:
@@ -477,16 +491,21 @@ def detached(using: str, table: str) -> list[str]:
     """The tables named as ``table``'s detached partitions (``dbqueue_archive_p20261126``), oldest first.
 
     PostgreSQL's partitions are such tables while attached too: only those
-    attached to no table count.
+    attached to no table, in ``table``'s own schema, count. None where a
+    retired partition never becomes a table (`retires_to_tables`): such a
+    name is then someone else's table.
     """
+    if not retires_to_tables(using):
+        return []
     pattern = f"^{re.escape(table)}_p[0-9]{{8}}$"
     with connections[using].cursor() as cursor:
         if _vendor(using) == "postgresql":
             cursor.execute(
-                "SELECT c.relname FROM pg_class c WHERE c.relkind = 'r' AND pg_table_is_visible(c.oid) "
+                "SELECT c.relname FROM pg_class c WHERE c.relkind = 'r' "
+                "AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass(%s)) "
                 "AND c.relname ~ %s AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid) "
                 "ORDER BY c.relname",
-                [pattern],
+                [table, pattern],
             )
         else:
             cursor.execute(
@@ -505,11 +524,15 @@ def drop_detached(using: str, table: str, *, limit: int | None = None, lock_wait
     freeing their files.
     """
     names = detached(using, table)[:limit]
+    _drop_tables(using, names, lock_wait)
+    return names
+
+
+def _drop_tables(using: str, names: Sequence[str], lock_wait: float | None) -> None:
     if not names:
-        return []
+        return
     with transaction.atomic(using), connections[using].cursor() as cursor, waiting_at_most(using, cursor, lock_wait):
         cursor.execute(f"DROP TABLE {', '.join(_qn(using, n) for n in names)}")
-    return names
 
 
 @contextmanager
@@ -517,9 +540,11 @@ def waiting_at_most(using: str, cursor: Any, seconds: float | None) -> Iterator[
     """Inside a transaction: the DDL run in the block waits at most ``seconds`` for its locks (None: unbounded).
 
     Raises `LockNotFree` when it gave up; the transaction is then rolled
-    back by the caller's ``atomic`` (PostgreSQL) or nothing was changed
-    (MySQL's DDL fails before it starts). MySQL's bound is whole seconds,
-    at least one, set on the session and restored afterwards.
+    back by the caller's ``atomic`` (PostgreSQL), or the statement that
+    waited was not run (MySQL's DDL, where the ones before it stay done).
+    MySQL's bound is whole seconds, at least one, set on the session and
+    restored afterwards. Meant for the reaper's own transactions: inside a
+    caller's, PostgreSQL's ``SET LOCAL`` would last until that one ends.
     """
     if seconds is None:
         yield
@@ -536,9 +561,10 @@ def waiting_at_most(using: str, cursor: Any, seconds: float | None) -> Iterator[
     except DatabaseError as exc:
         if is_lock_timeout(exc, using):
             raise LockNotFree(
-                f"a transaction on the table held its lock for more than {seconds:g} s; nothing was changed"
+                f"a transaction on the table held its lock for more than {seconds:g} s; the statement was not run"
             ) from exc
         raise
     finally:
         if restore is not None:
-            cursor.execute(f"SET SESSION lock_wait_timeout = {restore}")
+            with suppress(DatabaseError):  # a lost connection: its own error is the one to see
+                cursor.execute(f"SET SESSION lock_wait_timeout = {restore}")

@@ -123,15 +123,20 @@ def estimated_row_count(using: str, table: str) -> int | None:
     or a table never analysed): the caller counts.
     """
     queries = {
-        "mysql": "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
-        "postgresql": "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
+        "mysql": "SELECT TABLE_ROWS FROM information_schema.TABLES "
+        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %(t)s",
+        # A partitioned table's own figure is never kept up (autovacuum analyses its partitions only):
+        # the sum of its partitions', or a plain table's own. -1: never analysed.
+        "postgresql": "SELECT CASE WHEN bool_and(c.reltuples < 0) THEN NULL ELSE sum(greatest(c.reltuples, 0)) END "
+        "FROM pg_class c WHERE (c.oid = to_regclass(%(t)s) AND c.relkind = 'r') "
+        "OR c.oid IN (SELECT relid FROM pg_partition_tree(to_regclass(%(t)s)) WHERE isleaf)",
     }
     connection = connections[using]
     sql = queries.get(connection.vendor)
     if sql is None:
         return None
     with connection.cursor() as cursor:
-        cursor.execute(sql, [table])
+        cursor.execute(sql, {"t": table})
         row = cursor.fetchone()
     if row is None or row[0] is None or row[0] < 0:
         return None
@@ -142,9 +147,10 @@ def estimated_match_count(rows: QuerySet[Any]) -> int | None:
     """The planner's idea of how many rows a filtered queryset matches: an ``EXPLAIN``, no row read.
 
     PostgreSQL: the plan's top row estimate. MySQL/MariaDB: the ``rows``
-    column of a one-table plan (the rows it expects to examine: a scan's is
-    the whole table's). None for anything else: SQLite, a plan of several
-    tables, a queryset that matches nothing by construction. An estimate
+    column of a one-table plan that reads an index range (the rows it
+    expects to examine there); None for a scan, whose ``rows`` is the whole
+    table's. None too for SQLite, a plan of several tables, a queryset that
+    matches nothing by construction. An estimate
     may be far off either way, so the caller checks it (`EstimatingPaginator`).
     """
     connection = connections[rows.db]
@@ -163,9 +169,12 @@ def estimated_match_count(rows: QuerySet[Any]) -> int | None:
         cursor.execute(f"EXPLAIN {sql}", params)
         steps = cursor.fetchall()
         names = [column[0].lower() for column in cursor.description]
-    if len(steps) != 1 or steps[0][names.index("rows")] is None:
+    if len(steps) != 1 or not {"rows", "type"} <= set(names):  # several tables, or not the tabular format
         return None
-    return int(steps[0][names.index("rows")])
+    step = dict(zip(names, steps[0], strict=True))
+    if step["rows"] is None or step["type"] in ("ALL", "index"):  # a scan's rows are the table's, not the matches
+        return None
+    return int(step["rows"])
 
 
 @contextmanager

@@ -223,11 +223,14 @@ class ArchiveLayout:
     # --- upkeep --------------------------------------------------------------------
 
     def upkeep(self, granularity: str, before: datetime | None) -> Upkeep:
-        """The reaper's step: partitions created ahead, and those wholly before ``before`` dropped (None: none).
+        """The reaper's step: partitions created ahead, those wholly before ``before`` retired (None: none), one freed.
 
         Skipped while a conversion runs or another process keeps the
         partitions, and on a plain archive (`Upkeep.plain`: the setting asks
-        for partitions the table does not have yet).
+        for partitions the table does not have yet). Each step waits at most
+        `ddl.UPKEEP_LOCK_WAIT_SECONDS` for the archive's lock and is skipped
+        (`Upkeep.waited`) when a long transaction holds it, so that acks do
+        not queue behind it for long; the reaper tries again later.
         """
         if not ddl.supported(self.using):
             return Upkeep()  # SQLite: one table, always (docs/archive.md)
@@ -237,22 +240,27 @@ class ArchiveLayout:
             if not self.partitioned():
                 return Upkeep(plain=True)
             done = Upkeep()
+            wait = ddl.UPKEEP_LOCK_WAIT_SECONDS
             try:
-                done.created = self.ensure_ahead(granularity)
+                done.created = self.ensure_ahead(granularity, lock_wait=wait)
             except ddl.LockNotFree as exc:
                 done.waited.append(f"creating partitions ahead: {exc}")
-            try:
-                done.dropped = self.retire_before(before) if before is not None else []
-                done.swept = ddl.drop_detached(
-                    self.using, ARCHIVE_TABLE, limit=FREED_PER_PASS, lock_wait=ddl.UPKEEP_LOCK_WAIT_SECONDS
-                )
+            if before is not None:
+                due = self.droppable(before)
+                try:
+                    done.dropped = self.retire_before(before, lock_wait=wait)
+                except ddl.LockNotFree as exc:
+                    # MariaDB retires a partition a statement: those before the one that waited are out.
+                    left = {p.name for p in self.partitions()}
+                    done.dropped = [p for p in due if p.name not in left]
+                    done.waited.append(f"retiring partitions: {exc}")
+            try:  # takes no lock of the archive's: goes on whatever the steps above met
+                done.swept = ddl.drop_detached(self.using, ARCHIVE_TABLE, limit=FREED_PER_PASS, lock_wait=wait)
             except ddl.LockNotFree as exc:
-                done.waited.append(f"dropping partitions: {exc}")
+                done.waited.append(f"freeing retired partitions: {exc}")
             return done
 
-    def ensure_ahead(
-        self, granularity: str, now: datetime | None = None, lock_wait: float | None = ddl.UPKEEP_LOCK_WAIT_SECONDS
-    ) -> list[str]:
+    def ensure_ahead(self, granularity: str, now: datetime | None = None, lock_wait: float | None = None) -> list[str]:
         """Create the partitions missing from the last one to `AHEAD` periods past ``now``; their labels.
 
         After an outage the missing periods are created too, and the rows the
@@ -273,9 +281,7 @@ class ArchiveLayout:
         ranged = [p for p in self.partitions() if p.upper is not None]
         return [p for p in ranged[:-1] if p.upper is not None and p.upper <= before]
 
-    def retire_before(
-        self, before: datetime, lock_wait: float | None = ddl.UPKEEP_LOCK_WAIT_SECONDS
-    ) -> list[Partition]:
+    def retire_before(self, before: datetime, lock_wait: float | None = None) -> list[Partition]:
         """Take the partitions wholly before ``before`` out of the archive: retention without a row deleted.
 
         They leave every read of the archive at once; their tables stay
@@ -287,10 +293,10 @@ class ArchiveLayout:
         ddl.detach_partitions(self.using, ARCHIVE_TABLE, [p.name for p in gone], lock_wait=lock_wait)
         return gone
 
-    def drop_before(self, before: datetime, lock_wait: float | None = ddl.UPKEEP_LOCK_WAIT_SECONDS) -> list[Partition]:
-        """`retire_before`, and every detached partition's table freed now."""
-        gone = self.retire_before(before, lock_wait)
-        ddl.drop_detached(self.using, ARCHIVE_TABLE, lock_wait=lock_wait)
+    def drop_before(self, before: datetime, lock_wait: float | None = None) -> list[Partition]:
+        """Drop the partitions wholly before ``before`` now, their tables freed at once (`ddl.drop_partitions`)."""
+        gone = self.droppable(before)
+        ddl.drop_partitions(self.using, ARCHIVE_TABLE, [p.name for p in gone], lock_wait=lock_wait)
         return gone
 
 

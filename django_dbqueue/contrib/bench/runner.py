@@ -1103,7 +1103,8 @@ def as_table(results: list[Result], config: BenchConfig) -> str:
                     if key.endswith("_after") and key != "bytes_after" and m[key] is not None
                 )
                 lines.append(
-                    f"{'':<4}{side}: {m['rows_removed']:,} of {m['rows']:,} rows gone, {m['rows_deleted']:,} deleted "
+                    f"{'':<4}{side}: pass {m['retention_seconds']:.3f} s, "
+                    f"{m['rows_removed']:,} of {m['rows']:,} rows gone, {m['rows_deleted']:,} deleted "
                     f"row by row, {m['partitions_dropped']} partitions retired; {garbage}; "
                     f"{m['bytes_before'] / 2**20:,.0f} MB before, {m['bytes_after'] / 2**20:,.0f} MB after"
                     + (
