@@ -159,7 +159,7 @@ def test_the_match_estimate_is_the_planners_or_none():
         return
     # 100 dead of 3,500: PostgreSQL's figure is about 100; MySQL's the rows it expects to read in the index.
     assert 50 <= guess <= 500, guess
-    # A scan gives MySQL no figure for the matches: none, rather than the table's size.
+    # A scan over a condition on no index gives MySQL no figure for the matches: none, not the table's size.
     scanned = estimated_match_count(ArchivedMessage.objects.filter(last_error="never"))
     assert scanned is None if connection.vendor == "mysql" else scanned <= 500
     assert estimated_match_count(ArchivedMessage.objects.filter(pk__in=[])) is None  # matches nothing by construction

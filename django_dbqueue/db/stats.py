@@ -148,9 +148,11 @@ def estimated_match_count(rows: QuerySet[Any]) -> int | None:
 
     PostgreSQL: the plan's top row estimate. MySQL/MariaDB: the ``rows``
     column of a one-table plan that reads an index range (the rows it
-    expects to examine there); None for a scan, whose ``rows`` is the whole
-    table's. None too for SQLite, a plan of several tables, a queryset that
-    matches nothing by construction. An estimate
+    expects to examine there), or of a scan chosen over an indexed
+    condition, times its ``filtered`` share; None for a scan over a
+    condition on no index, whose ``rows`` is the whole table's. None too
+    for SQLite, a plan of several tables, a queryset that matches nothing
+    by construction. An estimate
     may be far off either way, so the caller checks it (`EstimatingPaginator`).
     """
     connection = connections[rows.db]
@@ -166,14 +168,22 @@ def estimated_match_count(rows: QuerySet[Any]) -> int | None:
             plan = cursor.fetchone()[0]
             plan = json.loads(plan) if isinstance(plan, str) else plan
             return int(plan[0]["Plan"]["Plan Rows"])
-        cursor.execute(f"EXPLAIN {sql}", params)
+        # MariaDB gives the share of the rows read that match (``filtered``) with EXTENDED; MySQL 8 always.
+        extended = "EXTENDED " if getattr(connection, "mysql_is_mariadb", False) else ""
+        cursor.execute(f"EXPLAIN {extended}{sql}", params)
         steps = cursor.fetchall()
         names = [column[0].lower() for column in cursor.description]
-    if len(steps) != 1 or not {"rows", "type"} <= set(names):  # several tables, or not the tabular format
+    if len(steps) != 1 or not {"rows", "type", "possible_keys"} <= set(names):  # several tables, or another format
         return None
     step = dict(zip(names, steps[0], strict=True))
-    if step["rows"] is None or step["type"] in ("ALL", "index"):  # a scan's rows are the table's, not the matches
+    if step["rows"] is None:
         return None
+    if step["type"] in ("ALL", "index"):
+        # A scan reads the whole table. Over a condition on no index the planner knows nothing of the
+        # matches; over an indexed one it scans because most rows match, and ``filtered`` says how many.
+        if not step["possible_keys"]:
+            return None
+        return int(int(step["rows"]) * float(step.get("filtered") or 100) / 100)
     return int(step["rows"])
 
 
