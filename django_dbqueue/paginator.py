@@ -57,7 +57,10 @@ class EstimatingPaginator(RowPaginator):
             # Filtered: counting the matches of a large table costs in proportion to them (up to the cap).
             with without_jit(rows.db):
                 guess = estimated_match_count(rows)
-                if guess is not None and guess >= self.exact_below:
+                # Only where most of the table matches: there counting is what costs, and the check's
+                # short scan finds its rows at once. A guess of a few matches may be far off, and a short
+                # LIMIT over it can lead the planner to scan the table for them: counted as below.
+                if guess is not None and guess >= self.exact_below and guess * 2 >= table:
                     enough = min(self.checked_pages * self.per_page, self.count_cap)
                     checked = rows.order_by()[:enough].count()
                     if checked < enough:
