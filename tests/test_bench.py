@@ -93,6 +93,15 @@ def test_unknown_phase_is_refused():
         call_command("queuebench", "--phases=drain,warp")
 
 
+@pytest.mark.parametrize(
+    ("option", "bad"), [("--history-rows", "0"), ("--history-rows", "1000000001"), ("--archive-rows", "-1")]
+)
+def test_a_row_count_out_of_range_is_refused_naming_it(option, bad):
+    # Counts of rows go past --messages' bound (a documented run holds 50,000,000), up to a billion.
+    with pytest.raises(CommandError, match=f"{option}: invalid row_count value: '{bad}'"):
+        call_command("queuebench", "--phases=archive", f"{option}={bad}")
+
+
 def test_repeat_reports_medians_of_the_runs(capsys):
     call_command("queuebench", "--phases=enqueue,enqueue_many", "--messages=50", "--repeat=3", "--json")
     results = json.loads(capsys.readouterr().out)["results"]

@@ -20,12 +20,22 @@ from ..validation import MAX_DELAY_SECONDS
 # value is a typo, and a duration would overflow the database's timestamps.
 MAX_COUNT = 10_000_000
 MAX_SECONDS = MAX_DELAY_SECONDS
+# Rows of a table (the benchmark's history, a year at millions a day): larger than any one batch of work.
+MAX_ROWS = 1_000_000_000
 
 
 def positive_int(text: str) -> int:
     value = int(text)
     if not 1 <= value <= MAX_COUNT:
         raise ValueError(text)  # argparse says: invalid positive_int value: '0'
+    return value
+
+
+def row_count(text: str) -> int:
+    """A count of rows a table holds: up to ``MAX_ROWS``."""
+    value = int(text)
+    if not 1 <= value <= MAX_ROWS:
+        raise ValueError(text)  # argparse says: invalid row_count value: '0'
     return value
 
 

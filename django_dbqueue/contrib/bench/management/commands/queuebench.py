@@ -17,7 +17,7 @@ from django_dbqueue.contrib.bench.runner import (
     as_table,
     bench_queues_on,
 )
-from django_dbqueue.management.arguments import add_database_argument, positive_int
+from django_dbqueue.management.arguments import add_database_argument, positive_int, row_count
 
 
 class Command(BaseCommand):
@@ -36,7 +36,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--rate", type=positive_int, default=200, help="Offered load of the latency phase (msg/s).")
         parser.add_argument("--latency-seconds", type=float, default=10.0)
-        parser.add_argument("--archive-rows", type=positive_int, default=100_000)
+        parser.add_argument("--archive-rows", type=row_count, default=100_000)
         parser.add_argument("--scheduled", type=positive_int, default=10_000)
         parser.add_argument("--memory-messages", type=positive_int, default=100_000)
         parser.add_argument(
@@ -85,7 +85,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--history-rows",
-            type=positive_int,
+            type=row_count,
             default=1_000_000,
             help="The archive phase: archived rows, spread over --history-days days.",
         )
