@@ -78,6 +78,7 @@ class ReapReport:
     pruned: int = 0
     partitions_created: int = 0
     partitions_dropped: int = 0
+    partitions_freed: int = 0
     flow_pruned: int = 0
     workflows_pruned: int = 0
     steps_settled: int = 0
@@ -96,6 +97,7 @@ class ReapReport:
             f"{self.pruned} archive row(s) pruned"
             + (f", {self.partitions_created} archive partition(s) created" if self.partitions_created else "")
             + (f", {self.partitions_dropped} archive partition(s) dropped" if self.partitions_dropped else "")
+            + (f", {self.partitions_freed} retired partition table(s) freed" if self.partitions_freed else "")
             + (f", {self.flow_pruned} flow-control row(s) pruned" if self.flow_pruned else "")
             + (f", {self.workflows_pruned} workflow(s) pruned" if self.workflows_pruned else "")
             + (f", {self.steps_settled} workflow step(s) settled by the sweep" if self.steps_settled else "")
@@ -311,6 +313,7 @@ class Reaper:
             )
         report.partitions_created += len(done.created)
         report.partitions_dropped += len(done.dropped)
+        report.partitions_freed += len(done.swept)
 
     def prune(self) -> int:
         """Delete archive rows past their queue's retention, a batch at a time."""

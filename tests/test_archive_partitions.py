@@ -200,6 +200,29 @@ def test_a_week_without_upkeep_loses_no_row_and_the_next_pass_repairs_the_layout
 
 
 @servers
+def test_a_row_older_than_the_lowest_partition_stays_and_creation_ahead_goes_on(layout):
+    now = datetime.now(UTC)
+    for n in range(5):
+        ArchivedMessageFactory(finished_at=now - timedelta(days=n))
+    layout.convert("daily")
+    layout.drop_before(now - timedelta(days=2))
+    lowest = next(p for p in layout.partitions() if p.upper is not None)
+    if connection.vendor == "postgresql":
+        assert lowest.lower is not None  # a floor once older ranges are gone
+    # A row finished before the lowest range (a clock set back), then a week without upkeep.
+    old = ArchivedMessageFactory(finished_at=now - timedelta(days=10))
+    last = [p for p in layout.partitions() if p.upper is not None][-1]
+    late = ArchivedMessageFactory(finished_at=last.upper + timedelta(days=1, hours=1))
+    before = ArchivedMessage.objects.count()
+    created = layout.ensure_ahead("daily", now=late.finished_at)
+    assert f"{late.finished_at:%Y%m%d}" in created
+    assert label_of(partition_of(late.pk)) == f"p{late.finished_at:%Y%m%d}"
+    expected = layout.partitions()[-1].name if connection.vendor == "postgresql" else lowest.name
+    assert partition_of(old.pk) == expected  # no range takes it on PostgreSQL: the default partition keeps it
+    assert ArchivedMessage.objects.count() == before
+
+
+@servers
 def test_retention_drops_whole_partitions(layout):
     now = datetime.now(UTC)
     rows = [ArchivedMessageFactory(finished_at=now - timedelta(days=n)) for n in range(5)]
@@ -438,14 +461,17 @@ def test_retired_partitions_leave_the_archive_at_once_and_their_tables_go_one_a_
     assert len(expired) >= 3 and {partition_of(row.pk) for row in old} <= set(expired)
 
     report = Reaper().run_once()
-    assert report.partitions_dropped == len(expired)
+    assert (report.partitions_dropped, report.partitions_freed) == (len(expired), 1)
+    assert "1 retired partition table(s) freed" in str(report)
     assert not set(expired) & {p.name for p in layout.partitions()}
     assert not ArchivedMessage.objects.filter(pk__in=[row.pk for row in old]).exists()
     left = ddl.detached("default", "dbqueue_archive")
     assert len(left) == len(expired) - 1  # the oldest freed by this pass
     for remaining in range(len(left) - 1, -1, -1):
-        assert Reaper().run_once().partitions_dropped == 0
+        report = Reaper().run_once()
+        assert (report.partitions_dropped, report.partitions_freed) == (0, 1)
         assert len(ddl.detached("default", "dbqueue_archive")) == remaining
+    assert Reaper().run_once().partitions_freed == 0
     assert ArchivedMessage.objects.filter(pk=kept.pk).exists()
 
 

@@ -62,11 +62,16 @@ class Range:
 
 @dataclass(frozen=True)
 class Partition:
-    """One partition as the database has it; ``upper`` is None for the catch-all, ``rows`` the planner's estimate."""
+    """One partition as the database has it; ``upper`` is None for the catch-all, ``rows`` the planner's estimate.
+
+    ``lower``: PostgreSQL's lower bound (None from MINVALUE, for the catch-all, and on MySQL/MariaDB, whose
+    ranges have none: the lowest takes everything below its upper bound).
+    """
 
     name: str
     upper: datetime | None
     rows: int
+    lower: datetime | None = None
 
 
 def _vendor(using: str) -> str:
@@ -123,6 +128,7 @@ def is_partitioned(using: str, table: str) -> bool:
 
 
 _PG_BOUND = re.compile(r"TO \('([^']+)'\)")
+_PG_LOWER = re.compile(r"FROM \('([^']+)'\)")
 
 
 def _moment(text: str) -> datetime:
@@ -153,19 +159,41 @@ def partitions(using: str, table: str) -> list[Partition]:
             )
             found = []
             for name, bound, rows in cursor.fetchall():
-                upper = _PG_BOUND.search(bound)
-                found.append(Partition(name, _moment(upper.group(1)) if upper else None, max(0, int(rows))))
+                upper, lower = _PG_BOUND.search(bound), _PG_LOWER.search(bound)
+                found.append(
+                    Partition(
+                        name,
+                        _moment(upper.group(1)) if upper else None,
+                        max(0, int(rows)),
+                        _moment(lower.group(1)) if lower else None,
+                    )
+                )
     far = datetime.max.replace(tzinfo=UTC)
     return sorted(found, key=lambda partition: partition.upper or far)
 
 
-def has_rows(using: str, table: str, partition: str, below: datetime | None = None, column: str = "") -> bool:
-    """Whether ``partition`` of ``table`` holds a row (one whose ``column`` is below ``below``, when given)."""
+def _band(using: str, column: str, below: datetime | None, at_least: datetime | None = None) -> str:
+    """A WHERE clause for ``at_least <= column < below`` (either bound left out when None)."""
+    qc = _qn(using, column)
+    bounds = ([f"{qc} >= {_literal(at_least)}"] if at_least is not None else []) + (
+        [f"{qc} < {_literal(below)}"] if below is not None else []
+    )
+    return f" WHERE {' AND '.join(bounds)}" if bounds else ""
+
+
+def has_rows(
+    using: str,
+    table: str,
+    partition: str,
+    below: datetime | None = None,
+    column: str = "",
+    at_least: datetime | None = None,
+) -> bool:
+    """Whether ``partition`` of ``table`` holds a row (one whose ``column`` is in [``at_least``, ``below``))."""
     vendor = _vendor(using)
     source = f"{_qn(using, table)} PARTITION ({_qn(using, partition)})" if vendor == "mysql" else _qn(using, partition)
-    where = f" WHERE {_qn(using, column)} < {_literal(below)}" if below is not None else ""
     with connections[using].cursor() as cursor:
-        cursor.execute(f"SELECT 1 FROM {source}{where} LIMIT 1")
+        cursor.execute(f"SELECT 1 FROM {source}{_band(using, column, below, at_least)} LIMIT 1")
         return cursor.fetchone() is not None
 
 
@@ -402,7 +430,10 @@ def add_ranges(
     MariaDB/MySQL's ``REORGANIZE PARTITION`` rewrites the catch-all (cheap
     when it is empty, which creation ahead keeps it); PostgreSQL detaches
     its default partition, moves those rows and attaches it again, in one
-    transaction (writes wait for it). ``lock_wait``: see `waiting_at_most`.
+    transaction (writes wait for it). PostgreSQL's lowest range has a floor
+    once older ones are retired: a row finished below it (a clock set back,
+    an import) stays in the default partition, since no range takes it,
+    and row pruning removes it with its age. ``lock_wait``: see `waiting_at_most`.
     """
     if not ranges:
         return
@@ -416,13 +447,15 @@ def add_ranges(
         lower = existing[-1].upper if existing else None
         default = prefix + "_default"
         qd = _qn(using, default)
-        if has_rows(using, table, default, ranges[-1].upper, column):
+        # The lowest range's floor: what lies below it has no range to move to (None: MINVALUE, no floor).
+        floor = existing[0].lower if existing else None
+        if has_rows(using, table, default, ranges[-1].upper, column, at_least=floor):
             cursor.execute(f"ALTER TABLE {qt} DETACH PARTITION {qd}")
             _pg_create_ranges(cursor, using, table, prefix, lower, ranges)
             listed = ", ".join(_qn(using, name) for name in columns(using, default))
-            below = f"{_qn(using, column)} < {_literal(ranges[-1].upper)}"
-            cursor.execute(f"INSERT INTO {qt} ({listed}) SELECT {listed} FROM {qd} WHERE {below}")
-            cursor.execute(f"DELETE FROM {qd} WHERE {below}")
+            band = _band(using, column, ranges[-1].upper, floor)
+            cursor.execute(f"INSERT INTO {qt} ({listed}) SELECT {listed} FROM {qd}{band}")
+            cursor.execute(f"DELETE FROM {qd}{band}")
             cursor.execute(f"ALTER TABLE {qt} ATTACH PARTITION {qd} DEFAULT")
         else:
             _pg_create_ranges(cursor, using, table, prefix, lower, ranges)

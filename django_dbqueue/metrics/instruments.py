@@ -89,8 +89,8 @@ def on_finished(sender: Any, message: Any, outcome: str, duration: float, **kwar
 
 
 def on_reaper(sender: Any, report: Any, **kwargs: Any) -> None:
-    actions = ("stale_workers", "released", "poison", "cancelled", "expired", "pruned")
-    for action in (*actions, "workflows_pruned", "steps_settled", "partitions_created", "partitions_dropped"):
+    actions = ("stale_workers", "released", "poison", "cancelled", "expired", "pruned", "workflows_pruned")
+    for action in (*actions, "steps_settled", "partitions_created", "partitions_dropped", "partitions_freed"):
         count = getattr(report, action)
         if count:
             REAPER.labels(action).inc(count)

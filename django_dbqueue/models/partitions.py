@@ -248,7 +248,7 @@ class ArchiveLayout:
             if before is not None:
                 due = self.droppable(before)
                 try:
-                    done.dropped = self.retire_before(before, lock_wait=wait)
+                    done.dropped = self._take_out(due, ddl.detach_partitions, wait)
                 except ddl.LockNotFree as exc:
                     # MariaDB retires a partition a statement: those before the one that waited are out.
                     left = {p.name for p in self.partitions()}
@@ -289,14 +289,16 @@ class ArchiveLayout:
         pass). Raises `LockNotFree` when the archive's lock was not free
         within ``lock_wait`` seconds (None: waits as long as it takes).
         """
-        gone = self.droppable(before)
-        ddl.detach_partitions(self.using, ARCHIVE_TABLE, [p.name for p in gone], lock_wait=lock_wait)
-        return gone
+        return self._take_out(self.droppable(before), ddl.detach_partitions, lock_wait)
 
     def drop_before(self, before: datetime, lock_wait: float | None = None) -> list[Partition]:
         """Drop the partitions wholly before ``before`` now, their tables freed at once (`ddl.drop_partitions`)."""
-        gone = self.droppable(before)
-        ddl.drop_partitions(self.using, ARCHIVE_TABLE, [p.name for p in gone], lock_wait=lock_wait)
+        return self._take_out(self.droppable(before), ddl.drop_partitions, lock_wait)
+
+    def _take_out(
+        self, gone: list[Partition], remove: Callable[..., object], lock_wait: float | None
+    ) -> list[Partition]:
+        remove(self.using, ARCHIVE_TABLE, [p.name for p in gone], lock_wait=lock_wait)
         return gone
 
 
