@@ -252,3 +252,20 @@ def test_the_archive_phase_drops_partitions_against_deleting_rows(monkeypatch, c
 
     assert not ArchiveLayout().partitioned()
     assert not ArchivedMessage.objects.filter(queue__startswith="queuebench").exists()
+
+
+def test_the_clean_up_takes_exactly_the_benchmarks_queues():
+    from django_dbqueue.contrib.bench.rawsql import named_from
+    from tests.support.factories import ArchivedMessageFactory
+
+    names = ["queuebench.drain", "queuebench./x", "queuebench.", "QUEUEBENCH.drain", "queuebenchx", "queuebench", "a"]
+    for name in names:
+        ArchivedMessageFactory(queue=name)
+    found = named_from(ArchivedMessage.objects.all(), "queuebench.")
+    expected = ["queuebench.", "queuebench./x", "queuebench.drain"]
+    if connection.vendor == "sqlite":  # Django's startswith is SQLite's LIKE there, blind to ASCII case
+        expected.insert(0, "QUEUEBENCH.drain")
+    assert sorted(found.values_list("queue", flat=True)) == expected
+    if connection.vendor == "mysql":  # served by the index on the queue, not a scan of the archive
+        plan = found.explain()
+        assert "range" in plan and "dbqueue_arc_queue" in plan, plan

@@ -14,6 +14,7 @@ import uuid
 from typing import Any
 
 from django.db import connections
+from django.db.models import QuerySet
 
 NOW = {
     "mysql": "UTC_TIMESTAMP(6)",
@@ -261,3 +262,18 @@ def truncate(using: str, table: str) -> None:
             cursor.execute(f"DELETE FROM {connection.ops.quote_name(table)}")
         else:
             cursor.execute(f"TRUNCATE TABLE {connection.ops.quote_name(table)}")
+
+
+def named_from(rows: QuerySet[Any], prefix: str) -> QuerySet[Any]:
+    """The rows whose queue starts with ``prefix``, found through the index on the queue.
+
+    Django's ``startswith`` is ``LIKE BINARY`` on MySQL/MariaDB, which no
+    index of a case-insensitive column serves: at 50,000,000 archived rows
+    the benchmark's clean-up read the whole archive for over a minute. A
+    range on the name narrows it first there; the exact prefix is still
+    tested (other collations order punctuation differently, so PostgreSQL,
+    whose ``LIKE`` prefix an index serves under the C collation, keeps it alone).
+    """
+    if rows.db in connections and connections[rows.db].vendor == "mysql":
+        rows = rows.filter(queue__gte=prefix, queue__lt=prefix[:-1] + chr(ord(prefix[-1]) + 1))
+    return rows.filter(queue__startswith=prefix)

@@ -44,7 +44,7 @@ from .cpu import QUEUE as CPU_QUEUE
 from .cpu import rounds_for
 from .io import ASYNC_QUEUE as IO_ASYNC_QUEUE
 from .io import SYNC_QUEUE as IO_SYNC_QUEUE
-from .rawsql import RawProtocol, count_written, create_write_table, drop_write_table, table_size
+from .rawsql import RawProtocol, count_written, create_write_table, drop_write_table, named_from, table_size
 
 PHASES = (
     "enqueue",
@@ -254,9 +254,9 @@ class QueueBench:
         return [median_result(results) for results in runs.values()]
 
     def clean(self) -> None:
-        Message.objects.using(self.using).filter(queue__startswith=PREFIX)._raw_delete(self.using)
-        ArchivedMessage.objects.using(self.using).filter(queue__startswith=PREFIX)._raw_delete(self.using)
-        FlowGroup.objects.using(self.using).filter(queue__startswith=PREFIX).delete()
+        for model in (Message, ArchivedMessage):
+            named_from(model.objects.using(self.using), PREFIX)._raw_delete(self.using)
+        named_from(FlowGroup.objects.using(self.using), PREFIX).delete()
         drop_write_table(self.using)
 
     def timed(self, action: Callable[[], Any]) -> float:
