@@ -126,8 +126,9 @@ class RetentionBench:
 
         def retain() -> None:
             deadline = time.monotonic() + START_WITHIN
-            while not self.draining(since) and time.monotonic() < deadline:
+            while not (acked := self.draining(since)) and time.monotonic() < deadline:
                 time.sleep(0.01)
+            outcome["amid_acks"] = acked  # False: the drain's ratio below says nothing of the pass
             started = time.perf_counter()
             try:
                 dropped = self.layout.retire_before(cutoff) if partitioned else []
@@ -158,6 +159,7 @@ class RetentionBench:
             "rows_deleted": outcome["deleted"],
             "partitions_dropped": outcome["dropped"],
             "retention_seconds": outcome["seconds"],
+            "amid_acks": outcome["amid_acks"],
             "tables_freed": len(freed),
             "free_seconds": free_seconds,
             "drain_quiet": quiet,

@@ -1112,6 +1112,7 @@ def as_table(results: list[Result], config: BenchConfig) -> str:
                         if m["tables_freed"]
                         else ""
                     )
+                    + ("" if m["amid_acks"] else "; started before the drain acked, which it waited for in vain")
                 )
         if r.phase.startswith("drain during retention"):
             lines.append(f"{'':<4}baseline here is the same drain just before the retention pass, not raw SQL")
