@@ -5,8 +5,10 @@ retention drops whole partitions instead of deleting rows. Both servers
 need the partition column in every unique key, so a partitioned table's
 primary key is ``(id, column)``. Each layout keeps a catch-all for rows
 past its last range (MariaDB/MySQL: a ``MAXVALUE`` partition; PostgreSQL:
-the ``DEFAULT`` partition), so no write ever meets a missing partition,
-and the lowest range takes everything older than its upper bound.
+the ``DEFAULT`` partition), so no write ever meets a missing partition.
+On MariaDB/MySQL the lowest range takes everything older than its upper
+bound; on PostgreSQL it does until older ranges are retired, and then a
+row older than the lowest range's floor goes to the default partition.
 
 A table is converted by building the other layout beside it, swapping
 the two names in one step and copying the old rows behind
@@ -62,16 +64,11 @@ class Range:
 
 @dataclass(frozen=True)
 class Partition:
-    """One partition as the database has it; ``upper`` is None for the catch-all, ``rows`` the planner's estimate.
-
-    ``lower``: PostgreSQL's lower bound (None from MINVALUE, for the catch-all, and on MySQL/MariaDB, whose
-    ranges have none: the lowest takes everything below its upper bound).
-    """
+    """One partition as the database has it; ``upper`` is None for the catch-all, ``rows`` the planner's estimate."""
 
     name: str
     upper: datetime | None
     rows: int
-    lower: datetime | None = None
 
 
 def _vendor(using: str) -> str:
@@ -128,7 +125,6 @@ def is_partitioned(using: str, table: str) -> bool:
 
 
 _PG_BOUND = re.compile(r"TO \('([^']+)'\)")
-_PG_LOWER = re.compile(r"FROM \('([^']+)'\)")
 
 
 def _moment(text: str) -> datetime:
@@ -159,15 +155,8 @@ def partitions(using: str, table: str) -> list[Partition]:
             )
             found = []
             for name, bound, rows in cursor.fetchall():
-                upper, lower = _PG_BOUND.search(bound), _PG_LOWER.search(bound)
-                found.append(
-                    Partition(
-                        name,
-                        _moment(upper.group(1)) if upper else None,
-                        max(0, int(rows)),
-                        _moment(lower.group(1)) if lower else None,
-                    )
-                )
+                upper = _PG_BOUND.search(bound)
+                found.append(Partition(name, _moment(upper.group(1)) if upper else None, max(0, int(rows))))
     far = datetime.max.replace(tzinfo=UTC)
     return sorted(found, key=lambda partition: partition.upper or far)
 
@@ -430,10 +419,12 @@ def add_ranges(
     MariaDB/MySQL's ``REORGANIZE PARTITION`` rewrites the catch-all (cheap
     when it is empty, which creation ahead keeps it); PostgreSQL detaches
     its default partition, moves those rows and attaches it again, in one
-    transaction (writes wait for it). PostgreSQL's lowest range has a floor
-    once older ones are retired: a row finished below it (a clock set back,
-    an import) stays in the default partition, since no range takes it,
-    and row pruning removes it with its age. ``lock_wait``: see `waiting_at_most`.
+    transaction (writes wait for it). Only rows from the last range's upper
+    bound on can be there to move: PostgreSQL refuses the default partition
+    a row that a range takes. Older rows it holds (below the lowest range's
+    floor once older ranges are retired: a clock set back, an import) stay
+    there, as no range takes them, and row pruning removes them with their
+    age. ``lock_wait``: see `waiting_at_most`.
     """
     if not ranges:
         return
@@ -447,13 +438,11 @@ def add_ranges(
         lower = existing[-1].upper if existing else None
         default = prefix + "_default"
         qd = _qn(using, default)
-        # The lowest range's floor: what lies below it has no range to move to (None: MINVALUE, no floor).
-        floor = existing[0].lower if existing else None
-        if has_rows(using, table, default, ranges[-1].upper, column, at_least=floor):
+        if has_rows(using, table, default, ranges[-1].upper, column, at_least=lower):
             cursor.execute(f"ALTER TABLE {qt} DETACH PARTITION {qd}")
             _pg_create_ranges(cursor, using, table, prefix, lower, ranges)
             listed = ", ".join(_qn(using, name) for name in columns(using, default))
-            band = _band(using, column, ranges[-1].upper, floor)
+            band = _band(using, column, ranges[-1].upper, lower)
             cursor.execute(f"INSERT INTO {qt} ({listed}) SELECT {listed} FROM {qd}{band}")
             cursor.execute(f"DELETE FROM {qd}{band}")
             cursor.execute(f"ALTER TABLE {qt} ATTACH PARTITION {qd} DEFAULT")

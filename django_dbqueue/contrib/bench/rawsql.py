@@ -267,12 +267,13 @@ def truncate(using: str, table: str) -> None:
 def named_from(rows: QuerySet[Any], prefix: str) -> QuerySet[Any]:
     """The rows whose queue starts with ``prefix``, found through the index on the queue.
 
-    Django's ``startswith`` is ``LIKE BINARY`` on MySQL/MariaDB, which no
-    index of a case-insensitive column serves: at 50,000,000 archived rows
-    the benchmark's clean-up read the whole archive for over a minute. A
-    range on the name narrows it first there; the exact prefix is still
-    tested (other collations order punctuation differently, so PostgreSQL,
-    whose ``LIKE`` prefix an index serves under the C collation, keeps it alone).
+    Django's ``startswith`` is ``LIKE BINARY`` on MySQL/MariaDB: the cast
+    makes it a byte-string comparison that the queue's index does not
+    serve, and at 50,000,000 archived rows the benchmark's clean-up read
+    the whole archive for over a minute. There a range on the name comes
+    first; the column's binary collation orders by code point, so every
+    name with the prefix lies in it. PostgreSQL keeps the ``LIKE`` alone:
+    its index serves the prefix under the C collation.
     """
     if rows.db in connections and connections[rows.db].vendor == "mysql":
         rows = rows.filter(queue__gte=prefix, queue__lt=prefix[:-1] + chr(ord(prefix[-1]) + 1))

@@ -1095,8 +1095,8 @@ def as_table(results: list[Result], config: BenchConfig) -> str:
                 f"{CPU_MS:g} ms of pure Python, {r.extra['cpus']:g} CPUs"
             )
         if r.phase.startswith("archive retention"):
-            for side in ("delete", "drop"):
-                m = r.extra[side]
+            # Each run's figures (with --repeat, the medians keep only the numbers).
+            for side, m in ((side, run[side]) for run in r.extra.get("runs", [r.extra]) for side in ("delete", "drop")):
                 garbage = ", ".join(
                     f"{key.removesuffix('_after')} {m[key]:,} after (before {m[key.replace('_after', '_before')]:,})"
                     for key in m
