@@ -498,9 +498,7 @@ def retires_to_tables(using: str) -> bool:
     MySQL cannot take a partition out without copying it: there it is
     dropped in place, and no retired table is ever left.
     """
-    if _vendor(using) == "postgresql":
-        return True
-    return _converts(using)
+    return _vendor(using) == "postgresql" or _converts(using)
 
 
 def _converts(using: str) -> bool:
@@ -513,7 +511,7 @@ def detached(using: str, table: str) -> list[str]:
     """The tables named as ``table``'s detached partitions (``dbqueue_archive_p20261126``), oldest first.
 
     PostgreSQL's partitions are such tables while attached too: only those
-    attached to no table, in ``table``'s own schema, count. None where a
+    attached to no table, in ``table``'s own schema, count. Empty where a
     retired partition never becomes a table (`retires_to_tables`): such a
     name is then someone else's table.
     """

@@ -88,9 +88,24 @@ def on_finished(sender: Any, message: Any, outcome: str, duration: float, **kwar
     HANDLER_SECONDS.labels(*_labels(message), outcome).observe(duration)
 
 
+# The counts of a ReapReport that the reaper counter adds up, each its own label value.
+REAPER_ACTIONS = (
+    "stale_workers",
+    "released",
+    "poison",
+    "cancelled",
+    "expired",
+    "pruned",
+    "workflows_pruned",
+    "steps_settled",
+    "partitions_created",
+    "partitions_dropped",
+    "partitions_freed",
+)
+
+
 def on_reaper(sender: Any, report: Any, **kwargs: Any) -> None:
-    actions = ("stale_workers", "released", "poison", "cancelled", "expired", "pruned", "workflows_pruned")
-    for action in (*actions, "steps_settled", "partitions_created", "partitions_dropped", "partitions_freed"):
+    for action in REAPER_ACTIONS:
         count = getattr(report, action)
         if count:
             REAPER.labels(action).inc(count)

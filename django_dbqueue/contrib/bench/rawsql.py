@@ -275,6 +275,6 @@ def named_from(rows: QuerySet[Any], prefix: str) -> QuerySet[Any]:
     name with the prefix lies in it. PostgreSQL keeps the ``LIKE`` alone:
     its index serves the prefix under the C collation.
     """
-    if rows.db in connections and connections[rows.db].vendor == "mysql":
+    if connections[rows.db].vendor == "mysql":
         rows = rows.filter(queue__gte=prefix, queue__lt=prefix[:-1] + chr(ord(prefix[-1]) + 1))
     return rows.filter(queue__startswith=prefix)
