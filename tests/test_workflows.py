@@ -158,6 +158,22 @@ def test_a_diamond_runs_its_join_once_after_both_parents():
     assert Workflow.status(run.pk)["outcome"] == "succeeded"
 
 
+def test_a_steps_result_and_reason_are_kept_exactly_as_given():
+    # The join's statements are written by hand: quotes, percent signs and non-ASCII text go as parameters.
+    text = "100% 'done' %s \"q\" \\ ünïcödé ✓"
+    workflow = Workflow("text")
+    workflow.add("a", Q)
+    workflow.add("b", Q, max_attempts=1)
+    workflow.add("c", Q, after=["a", Dep("b", ignore_dead=True)])
+    run = workflow.enqueue()
+    assert take("a").ack(result={"text": text, "nested": [text, 1.5, None]})
+    take("b").reject(requeue=False, reason=text)
+    assert take("c").parent_results() == {"a": {"text": text, "nested": [text, 1.5, None]}, "b": None}
+    steps = {s["name"]: s for s in Workflow.status(run.pk)["steps"]}
+    assert steps["b"]["state"] == "dead"
+    assert text in steps["b"]["reason"]
+
+
 def test_a_chord_body_gets_its_group_results_in_step_order():
     run = django_dbqueue.workflows.chord("sum", [Step(f"part{n}", Q, n) for n in range(5)], Step("total", Q)).enqueue()
     for n in reversed(range(5)):  # finished in the other order

@@ -474,35 +474,42 @@ def distinct_leading(using: str, table: str, column: str, limit: int | None = No
 
 def _message_reader(using: str) -> tuple[str, Any]:
     """The live table's columns as a SELECT list, and a function turning one row of them into a Message."""
+    model = message_model()
+    return row_reader(using, model, model.from_row)
+
+
+def row_reader(using: str, model: Any, make: Callable[[str, list[str], list[Any]], Any]) -> tuple[str, Any]:
+    """``model``'s columns as a SELECT list, and a function turning one row of them into an instance:
+    ``make(using, attribute names, values)`` after the converters the ORM applies. Written once per alias and model."""
     connection = connections[using]
-    key = connection.alias
+    key = (connection.alias, model._meta.label)
     cached = _READERS.get(key)
     if cached is not None:
         return cached
     qn = connection.ops.quote_name
-    model = message_model()
+    table = model._meta.db_table
     fields = model._meta.concrete_fields
     names = [f.attname for f in fields]
-    columns = [f.get_col(MESSAGE_TABLE) for f in fields]
+    columns = [f.get_col(table) for f in fields]
     converters = [
         (i, [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)], col)
         for i, col in enumerate(columns)
     ]
     converters = [(i, funcs, col) for i, funcs, col in converters if funcs]
 
-    def build(row: Any) -> LiveMessage:
+    def build(row: Any) -> Any:
         values = list(row[: len(names)])
         for i, funcs, col in converters:
             for convert in funcs:
                 values[i] = convert(values[i], col, connection)
-        return model.from_row(using, names, values)
+        return make(using, names, values)
 
-    reader = (", ".join(f"{qn(MESSAGE_TABLE)}.{qn(str(f.column))}" for f in fields), build)
+    reader = (", ".join(f"{qn(table)}.{qn(str(f.column))}" for f in fields), build)
     _READERS[key] = reader
     return reader
 
 
-_READERS: dict[str, tuple[str, Any]] = {}
+_READERS: dict[tuple[str, str], tuple[str, Any]] = {}
 
 
 def _claimable_where(using: str) -> str:

@@ -24,8 +24,8 @@ from datetime import datetime
 from typing import Any, Self
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, connections, models, transaction
-from django.db.models import Count, Exists, F, OuterRef
+from django.db import IntegrityError, models, transaction
+from django.db.models import Count, Exists, OuterRef
 
 from .. import signals
 from ..db.clock import DbNow
@@ -34,7 +34,7 @@ from ..db.sql import insert_returns_ids
 from ..db.transactions import after_commit, write_transaction
 from ..exceptions import InvalidOption
 from ..validation import json_problem, json_size_problem, storable_text
-from . import events
+from . import events, joins
 from .archive import Outcome
 from .fields import NameField
 from .inserting import build_unsaved
@@ -185,7 +185,7 @@ class WorkflowRun(models.Model):
 
     class Meta:
         app_label = "django_dbqueue"
-        db_table = "dbqueue_workflow"
+        db_table = joins.WORKFLOW_TABLE
         indexes = [
             # The reaper's retention, and the admin's list by state.
             models.Index(fields=["state", "finished_at"], name="dbqueue_wf_state_finished"),
@@ -220,7 +220,7 @@ class WorkflowStep(models.Model):
 
     class Meta:
         app_label = "django_dbqueue"
-        db_table = "dbqueue_workflow_step"
+        db_table = joins.STEP_TABLE
         constraints = [models.UniqueConstraint(fields=["workflow", "name"], name="dbqueue_wfstep_name")]
         indexes = [
             # The reaper's sweep: enqueued steps whose message is archived.
@@ -243,7 +243,7 @@ class WorkflowEdge(models.Model):
 
     class Meta:
         app_label = "django_dbqueue"
-        db_table = "dbqueue_workflow_edge"
+        db_table = joins.EDGE_TABLE
         indexes = [
             # The join: a step's children.
             models.Index(fields=["workflow", "parent"], name="dbqueue_wfedge_parent"),
@@ -347,10 +347,8 @@ def _enqueue_steps(using: str, ready: Sequence[WorkflowStep]) -> list[str]:
     refused = [(step, _key_refusal(step, message)) for step, message in pairs if not _ours(step, message)]
     for step, reason in refused:
         steps.filter(pk=step.pk).update(state=StepState.CANCELLED, pending=0, reason=reason, finished_at=DbNow())
-    if len(kept) == 1:
-        steps.filter(pk=kept[0][0].pk).update(state=StepState.ENQUEUED, message_id=kept[0][1].pk, pending=0)
-    elif kept:
-        _note_enqueued(using, [(step.pk, message.pk) for step, message in kept])
+    if kept:
+        joins.note_enqueued(using, StepState.ENQUEUED, [(step.pk, message.pk) for step, message in kept])
     return [step.name for step, _ in refused]
 
 
@@ -370,28 +368,6 @@ def _key_refusal(step: WorkflowStep, message: LiveMessage) -> str:
     if message.pk is None:
         return f"not enqueued: key {key!r} was taken less than its unique window ago"
     return f"not enqueued: key {key!r} is held by live message {message.pk}"
-
-
-def _note_enqueued(using: str, pairs: Sequence[tuple[int, int]]) -> None:
-    """Mark steps enqueued as their messages: (step id, message id) pairs, a CASE per chunk of rows.
-
-    ``bulk_update`` builds an expression per row and field: for the 10,000
-    children of a fan-out that was a minute of Python in the parent's ack.
-    The ids are written into the text as integers (``int()`` refuses
-    anything else): thousands of parameters cost the driver more than the
-    statement costs the server.
-    """
-    qn = connections[using].ops.quote_name
-    with connections[using].cursor() as cursor:
-        for start in range(0, len(pairs), 1000):
-            chunk = [(int(step), int(message)) for step, message in pairs[start : start + 1000]]
-            cases = " ".join(f"WHEN {step} THEN {message}" for step, message in chunk)
-            cursor.execute(
-                f"UPDATE {qn(WorkflowStep._meta.db_table)} SET {qn('state')} = %s, {qn('pending')} = 0, "
-                f"{qn('message_id')} = CASE {qn('id')} {cases} END "
-                f"WHERE {qn('id')} IN ({', '.join(str(step) for step, _ in chunk)})",
-                [StepState.ENQUEUED],
-            )
 
 
 # --- the join ---------------------------------------------------------------------------
@@ -426,9 +402,6 @@ def settle_many(using: str, finished: Sequence[Finished]) -> None:
 def _mark(using: str, workflow_id: int, finished: Sequence[Finished]) -> list[tuple[str, str, str | None]]:
     """Set the finished steps' outcome, result and reason (only steps still enqueued as these messages);
     returns (name, outcome, None) of each step this call settled."""
-    # By the (state, message_id) index: a message is one step's, and a planner left without it may
-    # intersect the workflow's steps with every enqueued one (PostgreSQL on a table analysed when small).
-    steps = WorkflowStep.objects.using(using).filter(state=StepState.ENQUEUED)
     plain: dict[tuple[str, str], list[Finished]] = defaultdict(list)  # no result kept: one UPDATE per outcome
     own: list[tuple[Finished, Any, str]] = []
     for entry in finished:
@@ -442,9 +415,7 @@ def _mark(using: str, workflow_id: int, finished: Sequence[Finished]) -> list[tu
     settled: list[tuple[str, str, str | None]] = []
     for (outcome, text), entries in plain.items():
         ids = [message_id for _, message_id, *_ in entries]
-        changed = steps.filter(message_id__in=ids).update(
-            state=outcome, result=None, result_note="", reason=text, finished_at=DbNow()
-        )
+        changed = joins.finish_steps(using, StepState.ENQUEUED, ids, outcome, text)
         if changed != len(entries):  # some step is no longer enqueued as this message, or its rows are gone
             done = set(
                 WorkflowStep.objects.using(using)
@@ -455,12 +426,7 @@ def _mark(using: str, workflow_id: int, finished: Sequence[Finished]) -> list[tu
         settled.extend((ref[1], outcome, None) for ref, _, _, _, _ in entries)
     for (ref, message_id, outcome, _, reason), kept, why in own:
         text = storable_text(reason)[:4000] if outcome != Outcome.ACKED else ""
-        if (
-            steps.filter(message_id=message_id).update(
-                state=outcome, result=kept, result_note=why, reason=text, finished_at=DbNow()
-            )
-            == 1
-        ):
+        if joins.finish_steps(using, StepState.ENQUEUED, [message_id], outcome, text, kept, why) == 1:
             settled.append((ref[1], outcome, None))
         else:
             _orphan(using, (ref, message_id, outcome, None, reason))
@@ -490,19 +456,15 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
     make the next wave. A child that one parent lets go and another dooms
     in the same wave is doomed, as it would be in any order.
     """
-    steps = WorkflowStep.objects.using(using).filter(workflow_id=workflow_id)
-    edges = WorkflowEdge.objects.using(using).filter(workflow_id=workflow_id)
     closed = len(settled)
     failed = sum(1 for _, outcome, _ in settled if outcome != Outcome.ACKED)
     wave = settled
     while wave:
         outcomes = {name: (outcome, cause) for name, outcome, cause in wave}
-        parents = edges.filter(parent__in=sorted(outcomes))
         stop: dict[str, tuple[str, str]] = {}  # child -> (origin, reason)
-        locked = steps.select_for_update().order_by("position")
         go: dict[str, int] = defaultdict(int)
         # By the (workflow, parent) index: a fan-in child's other edges are never read.
-        for parent, child, ignore in parents.values_list("parent", "child", "ignore"):
+        for parent, child, ignore in joins.child_edges(using, workflow_id, sorted(outcomes)):
             outcome, cause = outcomes[parent]
             if outcome == Outcome.ACKED or outcome in ignore.split(","):
                 go[child] += 1
@@ -512,11 +474,13 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
                 stop[child] = min(stop.get(child, (origin, reason)), (origin, reason))
         going = sorted(child for child in go if child not in stop)
         # By the (workflow, name) index, the state tested here: a planner may prefer the state's index.
-        children = [(s, go[s.name]) for s in locked.filter(name__in=going) if s.state == StepState.WAITING]
-        wave = [(name, Outcome.CANCELLED, None) for name in _release(using, steps, children)]  # keys refused
+        locked = joins.lock_steps(using, workflow_id, going)
+        children = [(s, go[s.name]) for s in locked if s.state == StepState.WAITING]
+        wave = [(name, Outcome.CANCELLED, None) for name in _release(using, children)]  # keys refused
         closed += len(wave)
         failed += len(wave)
-        if stop:
+        if stop:  # rare: a dependency failed for good
+            steps = WorkflowStep.objects.using(using).filter(workflow_id=workflow_id)
             doomed = list(
                 steps.select_for_update()
                 .filter(name__in=sorted(stop), state=StepState.WAITING)
@@ -535,7 +499,7 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
     _close(using, workflow_id, closed, failed)
 
 
-def _release(using: str, steps: models.QuerySet[WorkflowStep], children: list[tuple[WorkflowStep, int]]) -> list[str]:
+def _release(using: str, children: list[tuple[WorkflowStep, int]]) -> list[str]:
     """Take ``n`` settled dependencies off each locked waiting child; enqueue those left with none.
 
     Returns the names of those a key kept out (cancelled: `_enqueue_steps`)."""
@@ -547,7 +511,7 @@ def _release(using: str, steps: models.QuerySet[WorkflowStep], children: list[tu
         else:
             by_count[n].append(step.pk)
     for n, pks in sorted(by_count.items()):
-        steps.filter(pk__in=pks).update(pending=F("pending") - n)
+        joins.take_pending(using, pks, n)
     return _enqueue_steps(using, ready)
 
 
@@ -557,11 +521,9 @@ def _close(using: str, workflow_id: int, closed: int, failed: int) -> None:
     While steps stay open, one UPDATE that leaves at least one open; the
     last steps read the row locked and finish the workflow.
     """
-    runs = WorkflowRun.objects.using(using)
-    if closed and runs.filter(pk=workflow_id, open_steps__gt=closed).update(
-        open_steps=F("open_steps") - closed, failed_steps=F("failed_steps") + failed
-    ):
+    if closed and joins.count_closed(using, workflow_id, closed, failed):
         return
+    runs = WorkflowRun.objects.using(using)
     run = runs.select_for_update().filter(pk=workflow_id).first()
     if run is None:
         return

@@ -1,0 +1,140 @@
+"""The join's statements, written by hand: every step's acknowledgement runs them.
+
+A chain step's ack ran seven ORM statements after the archive's, and
+compiling them (filters, lookups, the compiler) cost more than the server
+took to run them: about half of the ack, in a profile of one worker
+draining a chain. These are the common ones, one per call and fixed per
+database; the rare paths (a failed dependency, a step whose rows are gone,
+a workflow's last step) stay in the ORM in `workflows`. The tables are a
+documented contract (docs/table-layout.md); the models' Meta use these names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import apps
+from django.db import connections
+
+from ..db import cursors
+from ..db.clock import compile_now
+from ..db.sql import json_param
+from .statements import row_reader
+
+WORKFLOW_TABLE = "dbqueue_workflow"
+STEP_TABLE = "dbqueue_workflow_step"
+EDGE_TABLE = "dbqueue_workflow_edge"
+
+
+def _marks(values: Sequence[Any]) -> str:
+    return ", ".join(["%s"] * len(values))
+
+
+def _rowcount(cursor: Any) -> int:
+    return int(cursor.rowcount)
+
+
+def _rows(cursor: Any) -> list[Any]:
+    return list(cursor.fetchall())
+
+
+def finish_steps(
+    using: str, state: str, message_ids: Sequence[int], outcome: str, reason: str, result: Any = None, note: str = ""
+) -> int:
+    """Set the steps in ``state`` as ``message_ids`` to ``outcome``, with ``reason``, ``result`` (kept: a JSON
+    value, or None for SQL NULL) and its ``note``; the rows changed. A step in another state is left, by the
+    (state, message id) index: a planner left to choose may intersect the workflow's steps with every enqueued one."""
+    qn = connections[using].ops.quote_name
+    now, _ = compile_now(using)
+    value = "NULL" if result is None else json_param(using)
+    params: list[Any] = [outcome] + ([] if result is None else [json.dumps(result)])
+    return cursors.run(
+        using,
+        f"UPDATE {qn(STEP_TABLE)} SET {qn('state')} = %s, {qn('result')} = {value}, {qn('result_note')} = %s, "
+        f"{qn('reason')} = %s, {qn('finished_at')} = {now} "
+        f"WHERE {qn('state')} = %s AND {qn('message_id')} IN ({_marks(message_ids)})",
+        [*params, note, reason, state, *message_ids],
+        _rowcount,
+    )
+
+
+def child_edges(using: str, workflow_id: int, parents: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(parent, child, ignore) of every edge out of ``parents``, by the (workflow, parent) index."""
+    qn = connections[using].ops.quote_name
+    rows = cursors.run(
+        using,
+        f"SELECT {qn('parent')}, {qn('child')}, {qn('ignore')} FROM {qn(EDGE_TABLE)} "
+        f"WHERE {qn('workflow_id')} = %s AND {qn('parent')} IN ({_marks(parents)})",
+        [workflow_id, *parents],
+        _rows,
+    )
+    return [(parent, child, ignore) for parent, child, ignore in rows]
+
+
+def lock_steps(using: str, workflow_id: int, names: Sequence[str]) -> list[Any]:
+    """The steps ``names`` of the workflow, locked (``FOR UPDATE`` where the database has it) in declared order,
+    by the (workflow, name) unique index; as `WorkflowStep` instances."""
+    if not names:
+        return []
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    model = apps.get_model("django_dbqueue", "WorkflowStep")
+    columns, build = row_reader(using, model, model.from_db)
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    rows = cursors.run(
+        using,
+        f"SELECT {columns} FROM {qn(STEP_TABLE)} WHERE {qn(STEP_TABLE)}.{qn('workflow_id')} = %s "
+        f"AND {qn(STEP_TABLE)}.{qn('name')} IN ({_marks(names)}) ORDER BY {qn(STEP_TABLE)}.{qn('position')}{lock}",
+        [workflow_id, *names],
+        _rows,
+    )
+    return [build(row) for row in rows]
+
+
+def take_pending(using: str, step_ids: Sequence[int], settled: int) -> None:
+    """Take ``settled`` dependencies off the pending count of the (locked) steps ``step_ids``."""
+    qn = connections[using].ops.quote_name
+    cursors.run(
+        using,
+        f"UPDATE {qn(STEP_TABLE)} SET {qn('pending')} = {qn('pending')} - %s WHERE {qn('id')} IN ({_marks(step_ids)})",
+        [settled, *step_ids],
+        _rowcount,
+    )
+
+
+def count_closed(using: str, workflow_id: int, closed: int, failed: int) -> bool:
+    """Count ``closed`` steps as settled (``failed`` of them not acked) if that leaves one open; whether it did."""
+    qn = connections[using].ops.quote_name
+    changed = cursors.run(
+        using,
+        f"UPDATE {qn(WORKFLOW_TABLE)} SET {qn('open_steps')} = {qn('open_steps')} - %s, "
+        f"{qn('failed_steps')} = {qn('failed_steps')} + %s WHERE {qn('id')} = %s AND {qn('open_steps')} > %s",
+        [closed, failed, workflow_id, closed],
+        _rowcount,
+    )
+    return changed > 0
+
+
+def note_enqueued(using: str, state: str, pairs: Sequence[tuple[int, int]]) -> None:
+    """Set steps to ``state`` as their messages: (step id, message id) pairs, a CASE per chunk of rows.
+
+    ``bulk_update`` builds an expression per row and field: for the 10,000
+    children of a fan-out that was a minute of Python in the parent's ack.
+    The ids are written into the text as integers (``int()`` refuses
+    anything else): thousands of parameters cost the driver more than the
+    statement costs the server.
+    """
+    qn = connections[using].ops.quote_name
+    for start in range(0, len(pairs), 1000):
+        chunk = [(int(step), int(message)) for step, message in pairs[start : start + 1000]]
+        cases = " ".join(f"WHEN {step} THEN {message}" for step, message in chunk)
+        cursors.run(
+            using,
+            f"UPDATE {qn(STEP_TABLE)} SET {qn('state')} = %s, {qn('pending')} = 0, "
+            f"{qn('message_id')} = CASE {qn('id')} {cases} END "
+            f"WHERE {qn('id')} IN ({', '.join(str(step) for step, _ in chunk)})",
+            [state],
+            _rowcount,
+        )
