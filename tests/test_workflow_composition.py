@@ -9,16 +9,19 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import django_dbqueue
 from django_dbqueue import Step, Workflow, outbox, running
 from django_dbqueue import workflows as builder
 from django_dbqueue.exceptions import InvalidOption
-from django_dbqueue.models import ArchivedMessage, Message, Outcome, WorkflowEdge, WorkflowRun, WorkflowStep
+from django_dbqueue.models import ArchivedMessage, Message, Outcome, WorkflowEdge, WorkflowRun, WorkflowStep, joins
+from django_dbqueue.models.workflows import check_steps, orphan_reason
 from django_dbqueue.reaper import Reaper
 from django_dbqueue.schedules.scheduler import Scheduler
+from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
 from tests.support.schedules import Clock, at
 from tests.testapp.models import Order
 
@@ -220,6 +223,57 @@ def test_a_step_with_its_rows_runs_as_before(handler):
     [message] = django_dbqueue.claim(Q)
     assert running.process(message, worker="w") == "acked"
     assert ran == [message.pk]
+
+
+def two_workflows_one_orphaned():
+    """A group of three steps with their rows, and a one-step workflow whose rows are deleted (the fault)."""
+    kept = Workflow("kept")
+    kept.group(*(Step(f"k{n}", Q) for n in range(3)))
+    kept.enqueue()
+    gone = django_dbqueue.workflows.chain("gone", Step("g", Q)).enqueue()
+    WorkflowStep.objects.filter(workflow=gone).delete()
+    WorkflowRun.objects.filter(pk=gone.pk).delete()
+    return gone
+
+
+def test_a_claimed_batch_looks_up_its_steps_rows_in_one_statement():
+    two_workflows_one_orphaned()
+    django_dbqueue.enqueue(Q, {"plain": True})
+    claimed = django_dbqueue.claim(Q, 10)
+    with CaptureQueriesContext(connection) as lookups:
+        check_steps("default", claimed)
+    assert len(lookups.captured_queries) == 1
+    with CaptureQueriesContext(connection) as none:
+        reasons = {m.headers.get("dbqueue_step", ["-", "plain"])[1]: orphan_reason("default", m) for m in claimed}
+    assert none.captured_queries == []  # each step's answer came with its batch
+    assert {name for name, reason in reasons.items() if reason} == {"g"}
+    assert reasons["g"].startswith("orphaned workflow step: the rows of step 'g'")
+
+
+@pytest.mark.parametrize("lookup_fails", [False, True])
+def test_a_worker_runs_a_batchs_present_steps_and_never_its_orphan(handler, monkeypatch, lookup_fails):
+    ran = []
+    handler(Q)(lambda message: ran.append(message.headers["dbqueue_step"][1]))
+    gone = two_workflows_one_orphaned()
+    if lookup_fails:  # the fault: the batch's lookup fails; each step then looks its own row up before it runs
+        real, calls = joins.present_steps, []
+
+        def flaky(using, refs):
+            calls.append(len(refs))
+            if len(calls) == 1:
+                raise OperationalError(2013, "Lost connection to server during query (injected)")
+            return real(using, refs)
+
+        monkeypatch.setattr(joins, "present_steps", flaky)
+    status = QueueWorker(WorkerConfig(queues=[Q], batch_size=10, until_empty=True, max_runtime=60)).run()
+    assert status == ExitStatus.OK
+    assert sorted(ran) == ["k0", "k1", "k2"]
+    outcomes = dict(ArchivedMessage.objects.filter(queue=Q).values_list("headers__dbqueue_step__1", "outcome"))
+    assert outcomes == {"k0": "acked", "k1": "acked", "k2": "acked", "g": "cancelled"}
+    assert WorkflowRun.objects.get(name="kept").state == WorkflowRun.FINISHED
+    assert not WorkflowRun.objects.filter(pk=gone.pk).exists()
+    if lookup_fails:
+        assert calls[0] == 4 and calls[1:] == [1, 1, 1, 1]  # the batch's lookup, then one per step
 
 
 # --- flow control: steps in a FIFO group, on a rate-limited queue -------------------------------------

@@ -138,3 +138,21 @@ def note_enqueued(using: str, state: str, pairs: Sequence[tuple[int, int]]) -> N
             [state],
             _rowcount,
         )
+
+
+def present_steps(using: str, refs: set[tuple[int, str]]) -> set[tuple[int, str]]:
+    """Which of the (workflow id, step name) pairs ``refs`` have their step row, in one statement by the steps'
+    unique (workflow, name) index: the ids and the names each as a list, the pairs picked out here."""
+    if not refs:
+        return set()
+    qn = connections[using].ops.quote_name
+    ids = sorted({workflow_id for workflow_id, _ in refs})
+    names = sorted({name for _, name in refs})
+    rows = cursors.run(
+        using,
+        f"SELECT {qn('workflow_id')}, {qn('name')} FROM {qn(STEP_TABLE)} "
+        f"WHERE {qn('workflow_id')} IN ({_marks(ids)}) AND {qn('name')} IN ({_marks(names)})",
+        [*ids, *names],
+        _rows,
+    )
+    return {(workflow_id, name) for workflow_id, name in rows} & refs

@@ -34,6 +34,7 @@ from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import DbQueueError
 from ..handlers import find_handler, is_async
 from ..models import Message, QueueState
+from ..models.workflows import check_steps
 from ..running import HandlerOutcome, Verdict, decide, ends_dead
 from .completer import Completer, CompleterGone, Handover
 from .config import WorkerConfig
@@ -190,6 +191,10 @@ class Consumer:
                     kept = give_back(last, self.name, "on its last attempt")  # refused: it stays, to run
                     claimed[:] = [m for m in claimed if m not in last or m in kept]
             self.ledger.claimed(self.slot, claimed)
+        try:
+            check_steps(self.using, claimed)  # workflow steps' rows: one lookup for the batch, not one per step
+        except DATABASE_TROUBLE as exc:  # each step looks its row up before it runs instead (orphan_reason)
+            logger.debug("worker %s: could not look up the claimed steps' rows at once: %s", self.name, exc)
         return claimed
 
     def nothing_left(self) -> bool:
