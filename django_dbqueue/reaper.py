@@ -137,7 +137,8 @@ class Reaper:
             tables = (Message._meta.db_table, ArchivedMessage._meta.db_table)
             report.vacuumed = any([vacuum_if_bloated(self.using, table) for table in tables])  # both, always
             report.reindexed = shrink_indexes(self.using, Message._meta.db_table)
-            report.analyzed = refresh_statistics(self.using, Message._meta.db_table)
+            planned = (Message._meta.db_table, workflows.joins.STEP_TABLE, workflows.joins.EDGE_TABLE)
+            report.analyzed = any([refresh_statistics(self.using, table) for table in planned])  # each, always
         if signals.reaper_passed.receivers:  # metrics (docs/metrics.md)
             signals.reaper_passed.send_robust(Reaper, report=report, using=self.using)
         return report

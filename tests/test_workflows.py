@@ -8,7 +8,7 @@ processes: tests/test_workflow_processes.py.
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -251,6 +251,53 @@ def test_a_batch_of_step_acks_settles_together_in_as_many_statements_as_a_pair()
     assert django_dbqueue.ack_many(django_dbqueue.claim(Q, 5)) == [True]
     assert ready() == ["join"]
     assert WorkflowRun.objects.get(pk=run.pk).open_steps == 1
+
+
+def test_children_released_together_keep_each_its_own_options_payload_and_headers():
+    # Children alike but for their payload are copied from the first one built; the others are built alone.
+    workflow = Workflow("shapes")
+    workflow.add("root", Q)
+    workflow.group(*(Step(f"hi{n}", Q, {"n": n}, priority=5, headers={"h": n}) for n in range(3)), after=["root"])
+    workflow.group(*(Step(f"later{n}", Q, [n], delay=3600) for n in range(2)), after=["root"])
+    workflow.add("keyed", Q, "k", after=["root"], key="the-key", kind="special")
+    workflow.enqueue()
+    assert django_dbqueue.ack_many(django_dbqueue.claim(Q, 1)) == [True]
+    live = {m.headers["dbqueue_step"][1]: m for m in Message.objects.filter(queue=Q)}
+    assert sorted(live) == ["hi0", "hi1", "hi2", "keyed", "later0", "later1"]
+    for n in range(3):
+        m = live[f"hi{n}"]
+        assert (m.payload, m.priority, m.headers["h"], m.kind, m.key) == ({"n": n}, 5, n, "", None)
+    for n in range(2):
+        m = live[f"later{n}"]
+        assert (m.payload, m.priority, "h" in m.headers) == ([n], 0, False)
+        assert m.available_at - m.created_at > timedelta(minutes=59)
+    assert (live["keyed"].key, live["keyed"].kind, live["keyed"].payload) == ("the-key", "special", "k")
+    assert len({m.pk for m in live.values()}) == 6
+
+
+def test_a_large_workflow_refreshes_the_statistics_after_commit_and_a_failure_there_is_only_logged(
+    monkeypatch, caplog
+):
+    refreshed = []
+
+    def refresh(using, table, force=False):
+        refreshed.append((table, force, connection.in_atomic_block))
+        raise table_errors.pop(0)
+
+    table_errors = [OperationalError("injected: lock timeout"), OperationalError("injected: again")]
+    monkeypatch.setattr(table, "ANALYZE_STEPS", 3)
+    monkeypatch.setattr(table, "refresh_statistics", refresh)
+    small = Workflow("small")
+    small.group(Step("a", Q), Step("b", Q))
+    small.enqueue()
+    assert refreshed == []  # fewer steps than ANALYZE_STEPS
+    big = Workflow("big")
+    big.group(*(Step(f"s{n}", Q) for n in range(3)))
+    run = big.enqueue()
+    # Both tables, once the workflow's transaction committed; the failures did not undo it.
+    assert refreshed == [("dbqueue_workflow_step", True, False), ("dbqueue_workflow_edge", True, False)]
+    assert WorkflowRun.objects.filter(pk=run.pk).exists() and len(ready()) == 5
+    assert caplog.text.count("could not refresh the statistics of dbqueue_workflow_") == 2
 
 
 def test_a_parent_of_more_children_than_one_statement_marks_enqueues_each_as_its_own_message():
