@@ -49,6 +49,7 @@ from .db.errors import DATABASE_TROUBLE, with_retries
 from .db.stats import refresh_statistics, shrink_indexes, vacuum_if_bloated
 from .db.transactions import write_transaction
 from .models import ArchivedMessage, Message, Outcome, Worker, WorkflowRun, events, flow, workflows
+from .models.joins import EDGE_TABLE, STEP_TABLE
 from .models.partitions import ArchiveLayout
 from .operations import finish
 from .progress import NullProgress, Progress
@@ -137,7 +138,7 @@ class Reaper:
             tables = (Message._meta.db_table, ArchivedMessage._meta.db_table)
             report.vacuumed = any([vacuum_if_bloated(self.using, table) for table in tables])  # both, always
             report.reindexed = shrink_indexes(self.using, Message._meta.db_table)
-            planned = (Message._meta.db_table, workflows.joins.STEP_TABLE, workflows.joins.EDGE_TABLE)
+            planned = (Message._meta.db_table, STEP_TABLE, EDGE_TABLE)
             report.analyzed = any([refresh_statistics(self.using, table) for table in planned])  # each, always
         if signals.reaper_passed.receivers:  # metrics (docs/metrics.md)
             signals.reaper_passed.send_robust(Reaper, report=report, using=self.using)

@@ -5,6 +5,7 @@ step by step so that each state in between can be looked at. Real worker
 processes: tests/test_workflow_processes.py.
 """
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -275,18 +276,16 @@ def test_children_released_together_keep_each_its_own_options_payload_and_header
     assert len({m.pk for m in live.values()}) == 6
 
 
-def test_a_large_workflow_refreshes_the_statistics_after_commit_and_a_failure_there_is_only_logged(
-    monkeypatch, caplog
-):
+def test_a_large_workflow_refreshes_the_statistics_after_commit_and_a_failure_there_is_only_logged(monkeypatch, caplog):
     refreshed = []
 
-    def refresh(using, table, force=False):
-        refreshed.append((table, force, connection.in_atomic_block))
-        raise table_errors.pop(0)
+    def analyze(using, table):
+        refreshed.append((table, connection.in_atomic_block))
+        raise errors.pop(0)
 
-    table_errors = [OperationalError("injected: lock timeout"), OperationalError("injected: again")]
+    errors = [OperationalError("injected: lock timeout"), RuntimeError("injected: not a database error")]
     monkeypatch.setattr(table, "ANALYZE_STEPS", 3)
-    monkeypatch.setattr(table, "refresh_statistics", refresh)
+    monkeypatch.setattr(table, "analyze_now", analyze)
     small = Workflow("small")
     small.group(Step("a", Q), Step("b", Q))
     small.enqueue()
@@ -295,9 +294,29 @@ def test_a_large_workflow_refreshes_the_statistics_after_commit_and_a_failure_th
     big.group(*(Step(f"s{n}", Q) for n in range(3)))
     run = big.enqueue()
     # Both tables, once the workflow's transaction committed; the failures did not undo it.
-    assert refreshed == [("dbqueue_workflow_step", True, False), ("dbqueue_workflow_edge", True, False)]
+    assert refreshed == [("dbqueue_workflow_step", False), ("dbqueue_workflow_edge", False)]
     assert WorkflowRun.objects.filter(pk=run.pk).exists() and len(ready()) == 5
     assert caplog.text.count("could not refresh the statistics of dbqueue_workflow_") == 2
+
+
+def test_the_refresh_waits_a_bounded_time_for_a_table_another_session_holds(monkeypatch, caplog):
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's ANALYZE; elsewhere the refresh runs no statement")
+    import psycopg
+
+    monkeypatch.setattr(table, "ANALYZE_STEPS", 3)
+    with psycopg.connect(**connection.get_connection_params()) as holder:  # the fault: a VACUUM, a migration
+        holder.execute("LOCK TABLE dbqueue_workflow_step IN SHARE UPDATE EXCLUSIVE MODE")
+        big = Workflow("big")
+        big.group(*(Step(f"s{n}", Q) for n in range(3)))
+        started = time.monotonic()
+        run = big.enqueue()
+        waited = time.monotonic() - started
+    assert waited < 10  # about ANALYZE_LOCK_TIMEOUT_MS, not until the holder lets go
+    assert "could not refresh the statistics of dbqueue_workflow_step" in caplog.text
+    assert "lock timeout" in caplog.text
+    assert "could not refresh the statistics of dbqueue_workflow_edge" not in caplog.text  # the other table was free
+    assert WorkflowRun.objects.filter(pk=run.pk).exists() and len(ready()) == 3
 
 
 def test_a_parent_of_more_children_than_one_statement_marks_enqueues_each_as_its_own_message():

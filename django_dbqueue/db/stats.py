@@ -11,6 +11,21 @@ from django.core.exceptions import EmptyResultSet
 from django.db import OperationalError, connections, transaction
 from django.db.models import QuerySet
 
+# How long an ANALYZE on a producer's behalf waits for its table's lock (another ANALYZE, a VACUUM, a migration).
+ANALYZE_LOCK_TIMEOUT_MS = 200
+
+
+def analyze_now(using: str, table: str, *, lock_timeout_ms: int = ANALYZE_LOCK_TIMEOUT_MS) -> bool:
+    """On PostgreSQL and outside a transaction, ANALYZE ``table`` at once, waiting at most ``lock_timeout_ms``
+    for its lock; returns whether it did. Raises what the database raises (a lock timeout among them)."""
+    connection = connections[using]
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return False
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+        cursor.execute(f"ANALYZE {connection.ops.quote_name(table)}")
+    return True
+
 
 def refresh_statistics(using: str, table: str, *, force: bool = False) -> bool:
     """On PostgreSQL, ANALYZE ``table`` when much of it changed since its last analysis.

@@ -142,17 +142,18 @@ def note_enqueued(using: str, state: str, pairs: Sequence[tuple[int, int]]) -> N
 
 def present_steps(using: str, refs: set[tuple[int, str]]) -> set[tuple[int, str]]:
     """Which of the (workflow id, step name) pairs ``refs`` have their step row, in one statement by the steps'
-    unique (workflow, name) index: the ids and the names each as a list, the pairs picked out here."""
+    unique (workflow, name) index: a condition per workflow, its names in a list."""
     if not refs:
         return set()
     qn = connections[using].ops.quote_name
-    ids = sorted({workflow_id for workflow_id, _ in refs})
-    names = sorted({name for _, name in refs})
+    names: dict[int, list[str]] = {}
+    for workflow_id, name in sorted(refs):
+        names.setdefault(workflow_id, []).append(name)
+    where = " OR ".join(f"({qn('workflow_id')} = %s AND {qn('name')} IN ({_marks(n)}))" for n in names.values())
     rows = cursors.run(
         using,
-        f"SELECT {qn('workflow_id')}, {qn('name')} FROM {qn(STEP_TABLE)} "
-        f"WHERE {qn('workflow_id')} IN ({_marks(ids)}) AND {qn('name')} IN ({_marks(names)})",
-        [*ids, *names],
+        f"SELECT {qn('workflow_id')}, {qn('name')} FROM {qn(STEP_TABLE)} WHERE {where}",
+        [value for workflow_id, n in names.items() for value in (workflow_id, *n)],
         _rows,
     )
     return {(workflow_id, name) for workflow_id, name in rows} & refs

@@ -24,14 +24,14 @@ from datetime import datetime
 from typing import Any, Self
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DatabaseError, IntegrityError, models, transaction
+from django.db import IntegrityError, models, transaction
 from django.db.models import Count, Exists, OuterRef
 
 from .. import signals
 from ..db.clock import DbNow
 from ..db.errors import with_retries
 from ..db.sql import insert_returns_ids
-from ..db.stats import refresh_statistics
+from ..db.stats import analyze_now
 from ..db.transactions import after_commit, write_transaction
 from ..exceptions import InvalidOption
 from ..validation import json_problem, json_size_problem, storable_text
@@ -324,12 +324,13 @@ def fresh_statistics(using: str) -> None:
     walked all 10,000 (3 ms instead of 0.1 ms a statement, seen in
     `queuebench --phases workflows`). Autovacuum catches up within about a
     minute when it is on; the reaper's pass, when it is off. Best effort:
-    the workflow is committed, a failure here is logged.
+    the workflow is committed; waiting longer than `ANALYZE_LOCK_TIMEOUT_MS`
+    for a table's lock, or any failure, is logged and leaves it to them.
     """
     for table in (joins.STEP_TABLE, joins.EDGE_TABLE):
         try:
-            refresh_statistics(using, table, force=True)
-        except DatabaseError as exc:
+            analyze_now(using, table)
+        except Exception as exc:
             logger.warning("could not refresh the statistics of %s after a large workflow: %s", table, exc)
 
 

@@ -193,8 +193,8 @@ class Consumer:
             self.ledger.claimed(self.slot, claimed)
         try:
             check_steps(self.using, claimed)  # workflow steps' rows: one lookup for the batch, not one per step
-        except DATABASE_TROUBLE as exc:  # each step looks its row up before it runs instead (orphan_reason)
-            logger.debug("worker %s: could not look up the claimed steps' rows at once: %s", self.name, exc)
+        except Exception as exc:  # best effort: each step then looks its row up before it runs (orphan_reason)
+            logger.warning("worker %s: could not look up the claimed steps' rows at once: %s", self.name, exc)
         return claimed
 
     def nothing_left(self) -> bool:
