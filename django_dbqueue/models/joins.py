@@ -5,8 +5,8 @@ compiling them (filters, lookups, the compiler) cost more than the server
 took to run them: about half of the ack, in a profile of one worker
 draining a chain. These are the common ones, one per call and fixed per
 database; the rare paths (a failed dependency, a step whose rows are gone,
-a workflow's last step) stay in the ORM in `workflows`. The tables are a
-documented contract (docs/table-layout.md); the models' Meta use these names.
+a workflow's last step) stay in the ORM in `workflows`, whose models' Meta
+use the tables' names below.
 """
 
 from __future__ import annotations
