@@ -12,7 +12,9 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS
 
+from django_dbqueue.db.errors import with_retries
 from django_dbqueue.exceptions import DbQueueError
 from django_dbqueue.management.arguments import (
     autoscale,
@@ -101,6 +103,14 @@ class Command(BaseCommand):
         parser.add_argument("--pool-child-of", metavar="NAME", help=argparse.SUPPRESS)
         parser.add_argument("--pool-fd", type=int, metavar="FD", help=argparse.SUPPRESS)
         add_console_arguments(parser)
+
+    def check(self, *args: Any, **kwargs: Any) -> Any:
+        """Django's system checks before the worker starts. They reach the database (a backend's checks of
+        each field, once per process): an error there that can pass (a failover, a node cut off, a refused
+        handshake) is tried again as every queue operation is (``TRANSIENT_RETRIES``), not the worker's end."""
+        databases = kwargs.get("databases") or [DEFAULT_DB_ALIAS]
+        checks = super().check
+        return with_retries(databases[0], lambda: checks(*args, **kwargs), what="the system checks")
 
     def handle(self, *args: Any, **options: Any) -> None:
         is_pool = options["processes"] is not None or options["autoscale"] is not None
