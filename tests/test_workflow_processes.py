@@ -54,15 +54,18 @@ def stop(workers):
 
 def test_diamonds_run_each_join_once_after_both_parents_under_four_workers(tmp_path):
     marks = tmp_path / "marks"
-    runs = []
-    for n in range(15):
-        workflow = Workflow(f"diamond-{n}")
-        workflow.add("a", "wf-p")
-        workflow.group(Step("b", "wf-p", {"sleep": 0.01}), Step("c", "wf-p", {"sleep": 0.01}), after=["a"])
-        workflow.add("d", "wf-p", after=["b", "c"])
-        runs.append(workflow.enqueue())
+    # The four workers are up and idle before the diamonds arrive: one that started first could otherwise
+    # drain them all alone (seen on SQLite once steps got cheaper), and the race would not be run.
     workers = [start_worker("wf-p", "--max-runtime", "300", "--poll-interval", "0.05", marks=marks) for _ in range(4)]
+    runs = []
     try:
+        wait_for(lambda: Worker.objects.count() >= len(workers), timeout=120, what="the workers to register")
+        for n in range(15):
+            workflow = Workflow(f"diamond-{n}")
+            workflow.add("a", "wf-p", {"sleep": 0.01})
+            workflow.group(Step("b", "wf-p", {"sleep": 0.01}), Step("c", "wf-p", {"sleep": 0.01}), after=["a"])
+            workflow.add("d", "wf-p", after=["b", "c"])
+            runs.append(workflow.enqueue())
         wait_for(lambda: finished(*runs), timeout=240, what="every diamond to finish")
     finally:
         stop(workers)
