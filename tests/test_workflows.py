@@ -140,6 +140,24 @@ def test_a_chain_runs_in_order_and_results_flow_down():
     assert [s["state"] for s in status["steps"]] == ["acked"] * 3
 
 
+def test_step_names_that_differ_only_in_case_are_different_steps():
+    # MySQL compares text case-insensitively unless the column says otherwise: "a" and "A" must
+    # still be two steps, each released by its own parent, each result under its own name.
+    run = django_dbqueue.workflows.chain("case", Step("a", Q), Step("A", Q), Step("b", Q)).enqueue()
+    assert ready() == ["a"]
+    take("a").ack(result="lower")
+    assert ready() == ["A"]
+    upper = take("A")
+    assert upper.parent_results() == {"a": "lower"}
+    upper.ack(result="upper")
+    last = take("b")
+    assert last.parent_results() == {"A": "upper"}
+    last.ack()
+    status = Workflow.status(run.pk)
+    assert status["outcome"] == "succeeded"
+    assert sorted(s["name"] for s in status["steps"]) == ["A", "a", "b"]
+
+
 def test_a_diamond_runs_its_join_once_after_both_parents():
     workflow = Workflow("diamond")
     workflow.add("a", Q)
