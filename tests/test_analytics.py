@@ -1,6 +1,6 @@
 """queueanalytics on real Spark (local mode) against the real database of DATABASE_URL.
 
-A generated archive of 200,000 rows with a known distribution is read through
+A generated archive of 50,000 rows with a known distribution is read through
 Spark's JDBC source (MariaDB, PostgreSQL, or SQLite's text timestamps) and
 from a Parquet export; the figures must equal a reference computed in plain
 Python: counts exactly, percentiles within percentile_approx's stated rank
@@ -23,7 +23,7 @@ from tests.support.factories import MessageFactory
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db]
 
-ROWS = 200_000
+ROWS = 50_000
 START = datetime(2026, 3, 1, 0, 0, tzinfo=UTC)
 HOURS = 6
 SINCE, UNTIL = START, START + timedelta(hours=HOURS)
@@ -35,7 +35,7 @@ LIVE = [("orders", "invoice", START + timedelta(minutes=5 + i)) for i in range(3
 
 @pytest.fixture(scope="module")
 def archive(django_db_setup, django_db_blocker):
-    """200,000 archived rows (and a live backlog), committed so that Spark's own connections see them."""
+    """50,000 archived rows (and a live backlog), committed so that Spark's own connections see them."""
     with django_db_blocker.unblock():
         rows = list(archive_rows(ROWS, start=START, hours=HOURS, seed=6))
         assert insert_archive(rows) == ROWS
@@ -107,7 +107,7 @@ def test_a_sub_window_counts_only_its_hours_and_rerunning_replaces_never_doubles
 def test_parquet_export_gives_the_same_figures_and_parquet_output(archive, spark, tmp_path, capsys):
     import pyarrow.parquet as pq  # here: without the spark extra this module must still be collected
 
-    call_command("exportarchive", f"--out={tmp_path / 'export'}", "--chunk-size=70000")
+    call_command("exportarchive", f"--out={tmp_path / 'export'}", "--chunk-size=20000")
     assert f"{ROWS} archived rows" in capsys.readouterr().out
     assert pq.read_metadata(tmp_path / "export" / "archive.parquet").num_rows == ROWS
     assert "payload" not in pq.read_schema(tmp_path / "export" / "archive.parquet").names

@@ -26,7 +26,7 @@ from tests.test_analytics import (
     ACCURACY,
     SINCE,
     UNTIL,
-    archive,  # noqa: F401  (the 200,000-row data set, a module fixture)
+    archive,  # noqa: F401  (the 50,000-row data set, a module fixture)
     assert_matches_reference,
 )
 

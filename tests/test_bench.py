@@ -260,7 +260,13 @@ def test_the_archive_phase_repeated_prints_each_runs_figures(monkeypatch, capsys
         pytest.skip("SQLite has no partitions: the phase says so and measures nothing")
     monkeypatch.setenv("DBQUEUE_TEST_DATABASE_NAME", str(connection.settings_dict["NAME"]))
     call_command(
-        "queuebench", "--phases=archive", "--history-rows=600", "--history-days=4", "--messages=50", "--repeat=2"
+        "queuebench",
+        "--phases=archive",
+        "--history-rows=600",
+        "--history-days=4",
+        "--messages=50",
+        "--workers=2",
+        "--repeat=2",
     )
     out = capsys.readouterr().out
     assert out.count("    drop: pass ") == 2 and out.count("    delete: pass ") == 2, out
