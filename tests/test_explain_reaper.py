@@ -11,8 +11,8 @@ import json
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
+from django_dbqueue.db.clock import DbNow
 from django_dbqueue.models import ArchivedMessage, Message, Worker
 from django_dbqueue.reaper import Reaper
 from tests.support.factories import WorkerFactory
@@ -153,7 +153,7 @@ def test_the_admins_exact_searches_and_the_reaper_read_no_queue_table_in_full(bi
 
     # The admin's reads and their EXPLAINs can take longer than WORKER_STALE_AFTER on a loaded
     # machine: the fifty live workers beat again now, as live workers would have meanwhile.
-    Worker.objects.exclude(name="host:1:dead").update(last_heartbeat_at=timezone.now())
+    Worker.objects.exclude(name="host:1:dead").update(last_heartbeat_at=DbNow())
     reaper = Reaper()
     report = {}
 
