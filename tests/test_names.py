@@ -27,6 +27,9 @@ from django_dbqueue.models import (
     ScheduleRun,
     Subscription,
     UniqueWindow,
+    WorkflowEdge,
+    WorkflowRun,
+    WorkflowStep,
 )
 from django_dbqueue.models.flow import prune
 from django_dbqueue.schedules.scheduler import Scheduler
@@ -176,6 +179,24 @@ def _subscription(**fields):
     return Subscription.objects.create(**{"topic": "names", "queue": "names", **fields})
 
 
+def _run(**fields):
+    return WorkflowRun.objects.create(**{"name": "names", "created_at": _now(), **fields})
+
+
+def _one_run():
+    """The workflow every step and edge row of a case belongs to: its unique (workflow, name) must take all three."""
+    return WorkflowRun.objects.filter(name="names").first() or _run()
+
+
+def _step(**fields):
+    position = WorkflowStep.objects.count()
+    return WorkflowStep.objects.create(**{"workflow": _one_run(), "name": "names", "position": position, **fields})
+
+
+def _edge(**fields):
+    return WorkflowEdge.objects.create(**{"workflow": _one_run(), "parent": "p", "child": "c", "position": 0, **fields})
+
+
 # (role, table, the field holding the name, a function making a row with that field set)
 STORED = [
     ("queue", "message", "queue", lambda name: _message(queue=name, key="k")),
@@ -201,6 +222,13 @@ STORED = [
     ("schedule", "schedule", "name", lambda name: _schedule(name=name)),
     ("schedule", "schedule run", "schedule_id", _schedule_run),
     ("topic", "subscription", "topic", lambda name: _subscription(topic=name)),
+    ("workflow", "workflow", "name", lambda name: _run(name=name)),
+    ("key", "workflow", "key", lambda name: _run(key=name)),
+    ("step", "workflow step", "name", lambda name: _step(name=name)),
+    ("queue", "workflow step", "queue", lambda name: _step(name=f"s{len(name)}{name.strip()}", queue=name)),
+    ("kind", "workflow step", "kind", lambda name: _step(name=f"s{len(name)}{name.strip()}", kind=name)),
+    ("step", "workflow edge", "parent", lambda name: _edge(parent=name)),
+    ("step", "workflow edge", "child", lambda name: _edge(child=name)),
 ]
 
 
