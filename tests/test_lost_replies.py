@@ -36,6 +36,7 @@ from django_dbqueue.db.clock import DbNow
 from django_dbqueue.db.errors import DATABASE_TROUBLE
 from django_dbqueue.models import ArchivedMessage, Message, Outcome
 from django_dbqueue.models import landed as landed_module
+from django_dbqueue.models import wakeups
 from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
 from tests.support.proxy import ALIAS
 
@@ -163,6 +164,28 @@ def check_cancel_running(message: Message, answer: str) -> None:
     assert row is not None and row.cancel_requested_at is not None and row.lease_token == message.lease_token
 
 
+def chain_root() -> Message:
+    """The claimed root of a fresh two-step chain (a, b), through the proxied alias. The nudge's
+    addresses are read again by each run, so that every run sends the statements the rehearsal did."""
+    wakeups.forget()
+    workflow = django_dbqueue.Workflow("px-chain")
+    workflow.chain(django_dbqueue.Step("a", QUEUE, {}), django_dbqueue.Step("b", QUEUE, {}))
+    workflow.enqueue()
+    (root,) = Message.objects.using(ALIAS).claim(QUEUE, 1, visibility_timeout=300, worker="w-proxy")
+    return root
+
+
+def check_ack_then_claim(root: Message, answer: tuple[list[bool | None], list[Message]]) -> None:
+    # The root acked once; its released step b leased once, to the caller, under the lease it was given.
+    answers, taken = answer
+    assert answers == [True]
+    finished_once(root, Outcome.ACKED)
+    (b,) = taken
+    row = live(b)
+    assert b.headers["dbqueue_step"][1] == "b"
+    assert row is not None and (row.lease_token, row.attempts, row.claimed_by) == (b.lease_token, 1, "w-proxy")
+
+
 def waiting() -> Message:
     """A message nobody runs, read through the proxied alias."""
     return Message.objects.using(ALIAS).get(pk=django_dbqueue.enqueue(QUEUE, {}).pk)
@@ -179,6 +202,13 @@ OPERATIONS = {
         lambda: claim(queue="no-archive")[0], lambda m: m.ack(), check_ack_unarchived, check_ack_unarchived_landed
     ),
     "ack_many": Operation(lambda: claim(3), lambda ms: Message.objects.ack_many(ms, worker="w-proxy"), check_ack_many),
+    "ack_then_claim, a chain's step": Operation(
+        chain_root,
+        lambda m: Message.objects.using(ALIAS).ack_then_claim(
+            [m], [QUEUE], 1, worker="w-proxy", visibility_timeout=300
+        ),
+        check_ack_then_claim,
+    ),
     "fail": Operation(lambda: claim()[0], lambda m: m.fail("boom"), check_fail),
     "fail, dead": Operation(lambda: claim(max_attempts=1)[0], lambda m: m.fail("boom"), check_dead),
     "snooze": Operation(lambda: claim()[0], lambda m: m.snooze(delay=60), check_snooze),

@@ -13,7 +13,7 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -23,9 +23,9 @@ from ..db.clock import DbNow, db_now
 from ..db.errors import DATABASE_TROUBLE, outcome_unknown, with_retries
 from ..db.transactions import short_transaction, write_transaction
 from ..exceptions import InvalidOption
-from . import events, flow
+from . import events, flow, workflows
 from .finishing import Finishing
-from .protocols import Live
+from .protocols import Live, LiveMessage
 from .statements import claim_is_one_statement, claim_rows
 
 
@@ -148,12 +148,17 @@ class Claiming(Finishing[Live]):
         rows = self.filter(lease_token=token, available_at__gt=DbNow()).order_by("priority", "first_available_at", "id")
         return Claimed(rows)
 
-    def _claim(self, queues: list[str], limit: int, timeout: float | None, worker: str, token: str) -> Claimed:
-        """One transaction (on PostgreSQL one statement per queue): see `statements.claim_rows`."""
+    def _claim(
+        self, queues: list[str], limit: int, timeout: float | None, worker: str, token: str, *, within: bool = False
+    ) -> Claimed:
+        """One transaction (on PostgreSQL one statement per queue): see `statements.claim_rows`.
+
+        ``within``: the caller's transaction holds the claim (`ack_then_claim`).
+        """
         claimed = Claimed()
         controlled = any(queue_options(name).flow_controlled for name in queues)
         # One statement is a transaction of its own; several are wrapped in one.
-        alone = len(queues) == 1 and claim_is_one_statement(self.db) and not controlled
+        alone = within or (len(queues) == 1 and claim_is_one_statement(self.db) and not controlled)
         # Rate slots go through the ORM, which needs Django's own transaction.
         begin = write_transaction if any(queue_options(name).rate_limit for name in queues) else short_transaction
         with contextlib.nullcontext() if alone else begin(self.db):
@@ -171,3 +176,64 @@ class Claiming(Finishing[Live]):
                 if retry_in is not None:
                     claimed.retry_in = retry_in if claimed.retry_in is None else min(claimed.retry_in, retry_in)
         return claimed
+
+    def ack_then_claim(
+        self,
+        messages: Iterable[Live],
+        queues: list[str],
+        limit: int,
+        *,
+        worker: str,
+        results: Mapping[int, Any] | None = None,
+        visibility_timeout: float | None = None,
+    ) -> tuple[list[bool | None], list[Live]]:
+        """`ack_many`, and where the acks' workflow steps released others on ``queues``, a claim of up
+        to ``limit`` messages of ``queues`` for ``worker`` in the acknowledging transaction.
+
+        A chain's next step exists only once its parent's ack commits: a
+        worker that acked and then claimed paid a claim's transaction per
+        step, and one more that found nothing while the ack was written.
+        The claim here is the claim plan itself (priorities, flow rules), so
+        it may take other messages than the released ones. A try that failed
+        after claiming, whose commit may have landed, is answered by the
+        leases under the claim's token (`claimed_under`).
+        """
+        names = validation.validate_queues(queues)
+        token = uuid.uuid4().hex
+        after = _ClaimAfterAck(self, names, limit, visibility_timeout, worker, token)
+        answers = self.ack_many(messages, worker=worker, results=results, then=after)
+        return answers, after.taken()
+
+
+class _ClaimAfterAck:
+    """`Claiming.ack_then_claim`'s claim, per database, inside the acknowledging transaction."""
+
+    def __init__(
+        self, manager: Claiming[Any], queues: list[str], limit: int, timeout: float | None, worker: str, token: str
+    ) -> None:
+        self.manager, self.queues, self.limit, self.timeout = manager, queues, limit, timeout
+        self.worker, self.token = worker, token
+        self.claims: dict[str, Claimed] = {}
+        self.unsure: set[str] = set()
+
+    def begin(self, using: str) -> None:
+        if self.claims.pop(using, None) is not None:  # an earlier try claimed, then failed: did it commit?
+            self.unsure.add(using)
+
+    def released(self, using: str, messages: list[LiveMessage]) -> None:
+        wanted = self.limit - sum(len(c) for db, c in self.claims.items() if db != using)
+        if wanted <= 0 or not any(m.queue in self.queues for m in messages):
+            return
+        manager = self.manager.using(using)
+        claimed = manager._claim(self.queues, wanted, self.timeout, self.worker, self.token, within=True)
+        ready = {m.pk for m in messages}
+        for message in claimed:
+            if message.pk in ready:  # its step's row was just read, locked: no lookup before it runs
+                message.__dict__[workflows.STEP_PRESENT] = True
+        events.claimed(claimed, using, self.worker)
+        self.claims[using] = claimed
+
+    def taken(self) -> list[Any]:
+        for using in self.unsure:
+            self.claims[using] = self.manager.using(using).claimed_under(self.token)
+        return [message for claimed in self.claims.values() for message in claimed]

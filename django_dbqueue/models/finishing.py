@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from django.db.models import Q
 
@@ -36,6 +36,19 @@ from .statements import (
     lock_leased,
 )
 from .states import MessageState, held_token, state_filters
+
+
+class AfterAck(Protocol):
+    """What an acknowledging transaction runs once its workflow steps released others (a worker's claim).
+
+    `begin` is called before each try of a transaction that may call
+    `released`, so a try that failed after `released` is known; `released`
+    inside the transaction, with the messages of the steps made ready.
+    """
+
+    def begin(self, using: str) -> None: ...
+
+    def released(self, using: str, messages: list[LiveMessage]) -> None: ...
 
 
 class Finishing(Leasing[Live]):
@@ -138,10 +151,16 @@ class Finishing(Leasing[Live]):
         )
 
     def ack_many(
-        self, messages: Iterable[LiveMessage], *, worker: str | None = None, results: Mapping[int, Any] | None = None
+        self,
+        messages: Iterable[LiveMessage],
+        *,
+        worker: str | None = None,
+        results: Mapping[int, Any] | None = None,
+        then: AfterAck | None = None,
     ) -> list[bool | None]:
         """Acknowledge a batch, one transaction per database; per message, whether its lease held
-        (None: unknown, as `finish` says)."""
+        (None: unknown, as `finish` says). ``then``: what runs in each acknowledging transaction after
+        workflow steps released others (`AfterAck`)."""
         messages = list(messages)
         answers: list[bool | None] = [False] * len(messages)
         for batch in _distinct_rounds(messages):
@@ -150,7 +169,7 @@ class Finishing(Leasing[Live]):
                 by_db[message._state.db or "default"].append((index, message))
             for using, entries in by_db.items():
                 group = [m for _, m in entries]
-                acked, unknown = self.using(using).ack_batch(group, worker or "", results or {})
+                acked, unknown = self.using(using).ack_batch(group, worker or "", results or {}, then)
                 for index, message in entries:
                     answers[index] = None if message.pk in unknown else message.pk in acked
                 if acked and events.listened(signals.message_acked):
@@ -164,7 +183,7 @@ class Finishing(Leasing[Live]):
         return answers
 
     def ack_batch(
-        self, messages: Sequence[LiveMessage], worker: str, results: Mapping[int, Any]
+        self, messages: Sequence[LiveMessage], worker: str, results: Mapping[int, Any], then: AfterAck | None = None
     ) -> tuple[set[int], set[int]]:
         """Acknowledge messages of one database in one transaction; returns the ids whose lease held, and
         those whose answer is unknown (a lost reply's, as `finish` says).
@@ -178,9 +197,11 @@ class Finishing(Leasing[Live]):
 
         def settle(owned: set[int]) -> set[int]:
             # The join, in the acknowledging transaction (models/workflows.py).
-            workflows.settle_many(
+            released = workflows.settle_many(
                 using, [(ref, m.pk, Outcome.ACKED, results.get(m.pk), "") for m, ref in steps if m.pk in owned]
             )
+            if then is not None and released:
+                then.released(using, released)
             return owned
 
         tokens: dict[str, list[int]] = defaultdict(list)
@@ -209,6 +230,8 @@ class Finishing(Leasing[Live]):
         def answered(write: Callable[[], set[int]]) -> tuple[set[int], set[int]]:
             # A try whose reply was lost may have acked them: what the database holds answers (.landed).
             unknown: set[int] = set()
+            if then is not None and steps:
+                then.begin(using)
             with landed.watching(using, messages):
                 owned = write()
                 missed = [m for m in messages if m.pk not in owned and landed.unsure(m)]

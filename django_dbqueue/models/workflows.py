@@ -307,7 +307,7 @@ def create(
     if len(steps) >= ANALYZE_STEPS:
         after_commit(using, lambda: fresh_statistics(using))
     roots = WorkflowStep.objects.using(using).filter(workflow_id=run.pk, pending=0).order_by("position")
-    refused = _enqueue_steps(using, list(roots))
+    refused, _ = _enqueue_steps(using, list(roots))
     if refused:  # keyed roots whose key kept them out: settled as cancelled, their dependents decided
         _propagate(using, run.pk, [(name, Outcome.CANCELLED, None) for name in refused])
     run.refresh_from_db(using=using, fields=["created_at"])  # the database's time, not the expression that set it
@@ -343,18 +343,19 @@ def step_options(step: WorkflowStep) -> dict[str, Any]:
     return options
 
 
-def _enqueue_steps(using: str, ready: Sequence[WorkflowStep]) -> list[str]:
+def _enqueue_steps(using: str, ready: Sequence[WorkflowStep]) -> tuple[list[str], list[LiveMessage]]:
     """Enqueue ``ready`` steps' messages through the one insert path and note them on the steps (the caller's
     transaction): one multi-row INSERT where the database returns its ids, else one INSERT per step.
 
     A keyed step whose key's rules keep its message out (the key is live,
     its unique window is open, or its debounce found the key's message
     running) is cancelled with the reason; returns the names of those steps,
-    for the caller to settle their dependents. A debounce that replaced the
-    key's waiting message makes that message the step's.
+    for the caller to settle their dependents, and the messages that run the
+    others. A debounce that replaced the key's waiting message makes that
+    message the step's.
     """
     if not ready:
-        return []
+        return [], []
     model = message_model()
     built = []
     for step in ready:
@@ -375,7 +376,7 @@ def _enqueue_steps(using: str, ready: Sequence[WorkflowStep]) -> list[str]:
         steps.filter(pk=step.pk).update(state=StepState.CANCELLED, pending=0, reason=reason, finished_at=DbNow())
     if kept:
         joins.note_enqueued(using, StepState.ENQUEUED, [(step.pk, message.pk) for step, message in kept])
-    return [step.name for step, _ in refused]
+    return [step.name for step, _ in refused], [message for _, message in kept]
 
 
 def _ours(step: WorkflowStep, message: LiveMessage) -> bool:
@@ -407,22 +408,26 @@ def settle_step(using: str, ref: tuple[int, str], message_id: int, outcome: str,
     settle_many(using, [(ref, message_id, outcome, result, reason)])
 
 
-def settle_many(using: str, finished: Sequence[Finished]) -> None:
+def settle_many(using: str, finished: Sequence[Finished]) -> list[LiveMessage]:
     """Record how steps' messages ended and decide their dependents, in the caller's (finishing) transaction.
 
     Only called for messages that `step_of` says are steps. Per workflow:
     one UPDATE of the steps (one more per step with a result), then one
     wave of `_propagate` over their children, and one update of the
     workflow's counts. A step whose workflow rows are gone (pruned) is
-    reported in the log, and nothing runs.
+    reported in the log, and nothing runs. Returns the messages of the steps
+    this made ready (for the acknowledging worker to claim in the same
+    transaction: `Claiming.ack_then_claim`).
     """
+    released: list[LiveMessage] = []
     by_workflow: dict[int, list[Finished]] = defaultdict(list)
     for entry in finished:
         by_workflow[entry[0][0]].append(entry)
     for workflow_id in sorted(by_workflow):  # one lock order for every batch
         settled = _mark(using, workflow_id, by_workflow[workflow_id])
         if settled:
-            _propagate(using, workflow_id, settled)
+            released += _propagate(using, workflow_id, settled)
+    return released
 
 
 def _mark(using: str, workflow_id: int, finished: Sequence[Finished]) -> list[tuple[str, str, str | None]]:
@@ -472,7 +477,7 @@ def _orphan(using: str, entry: Finished) -> bool:
     return False
 
 
-def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str | None]]) -> None:
+def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str | None]]) -> list[LiveMessage]:
     """Decrement the children of the settled steps, enqueue those at zero, cancel those a failure dooms.
 
     In waves: the edges of the steps settled in a wave are read in one
@@ -480,8 +485,10 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
     number of its parents among them (a fan-in child of ten parents acked
     together loses ten at once, in one UPDATE); the steps a failure cancels
     make the next wave. A child that one parent lets go and another dooms
-    in the same wave is doomed, as it would be in any order.
+    in the same wave is doomed, as it would be in any order. Returns the
+    messages enqueued for the steps made ready.
     """
+    released: list[LiveMessage] = []
     closed = len(settled)
     failed = sum(1 for _, outcome, _ in settled if outcome != Outcome.ACKED)
     wave = settled
@@ -502,7 +509,9 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
         # By the (workflow, name) index, the state tested here: a planner may prefer the state's index.
         locked = joins.lock_steps(using, workflow_id, going)
         children = [(s, go[s.name]) for s in locked if s.state == StepState.WAITING]
-        wave = [(name, Outcome.CANCELLED, None) for name in _release(using, children)]  # keys refused
+        refused, enqueued = _release(using, children)
+        released += enqueued
+        wave = [(name, Outcome.CANCELLED, None) for name in refused]  # keys refused
         closed += len(wave)
         failed += len(wave)
         if stop:  # rare: a dependency failed for good
@@ -523,12 +532,13 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
             closed += len(doomed)
             failed += len(doomed)
     _close(using, workflow_id, closed, failed)
+    return released
 
 
-def _release(using: str, children: list[tuple[WorkflowStep, int]]) -> list[str]:
+def _release(using: str, children: list[tuple[WorkflowStep, int]]) -> tuple[list[str], list[LiveMessage]]:
     """Take ``n`` settled dependencies off each locked waiting child; enqueue those left with none.
 
-    Returns the names of those a key kept out (cancelled: `_enqueue_steps`)."""
+    Returns the names of those a key kept out (cancelled: `_enqueue_steps`), and the enqueued messages."""
     by_count: dict[int, list[int]] = defaultdict(list)
     ready = []
     for step, n in children:

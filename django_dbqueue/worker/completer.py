@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from django.db import connections
 
 from ..models import Message
+from ..models.workflows import STEP_PRESENT, check_steps
 from ..running import HandlerOutcome, Verdict, written_as
 from .ledger import Ledger
 from .lifecycle import Lifecycle
@@ -51,13 +52,25 @@ class CompleterGone(Exception):
     """The completer ended (crashed, or the worker is exiting) without writing a handover."""
 
 
+@dataclass(frozen=True)
+class ClaimAfter:
+    """A consumer's claim, to run in its acks' transaction when their workflow steps release others
+    (`Claiming.ack_then_claim`): the unpaused queues it serves, how many, for how long."""
+
+    queues: list[str]
+    limit: int
+    visibility_timeout: float | None
+
+
 @dataclass(eq=False)
 class Handover:
-    """One consumer's batch of acks: ``record`` writes one outcome alone (its consumer's `record`)."""
+    """One consumer's batch of acks: ``record`` writes one outcome alone (its consumer's `record`);
+    ``claim``: its claim after them, if any (`ClaimAfter`)."""
 
     slot: int
     batch: list[Entry]
     record: Callable[[Message, Verdict], str]
+    claim: ClaimAfter | None = None
     done: threading.Event = field(default_factory=threading.Event)
     settled: bool = False  # written, or given up and logged: the completer is done with it
 
@@ -77,9 +90,19 @@ class Completer:
 
     # --- consumers -----------------------------------------------------------------
 
-    def hand_over(self, slot: int, batch: list[Entry], record: Callable[[Message, Verdict], str]) -> Handover:
-        """Queue ``batch`` (the slot's unacked messages) to be acknowledged; wait for it with `wait`."""
-        handover = Handover(slot, batch, record)
+    def hand_over(
+        self,
+        slot: int,
+        batch: list[Entry],
+        record: Callable[[Message, Verdict], str],
+        claim: ClaimAfter | None = None,
+    ) -> Handover:
+        """Queue ``batch`` (the slot's unacked messages) to be acknowledged; wait for it with `wait`.
+
+        ``claim``: where the acks release workflow steps, the slot's claim in their transaction; what it
+        takes is in the ledger, the slot's, before `wait` returns.
+        """
+        handover = Handover(slot, batch, record, claim)
         with self._changed:
             if self._closed or self._ended:
                 raise CompleterGone("the worker is exiting; these acks are not written and their leases will expire")
@@ -139,11 +162,29 @@ class Completer:
         entries = [entry for handover in handovers for entry in handover.batch]
         messages = [message for message, _ in entries]
         results = {message.pk: verdict.result for message, verdict in entries}
+        # The first consumer that asks gets the claim (one consumer per worker but for --threads).
+        claimant = next((handover for handover in handovers if handover.claim is not None), None)
         try:
-            held = self.writer.until_written(
-                lambda: Message.objects.ack_many(messages, worker=self.name, results=results),
-                f"acknowledging {len(messages)} messages",
-            )
+            if claimant is None or claimant.claim is None:
+                held = self.writer.until_written(
+                    lambda: Message.objects.ack_many(messages, worker=self.name, results=results),
+                    f"acknowledging {len(messages)} messages",
+                )
+            else:
+                # The slot's acks are in hand until `Ledger.acked` below: the worker is never empty in between.
+                claim = claimant.claim
+                held, taken = self.writer.until_written(
+                    lambda: Message.objects.ack_then_claim(
+                        messages,
+                        claim.queues,
+                        claim.limit,
+                        worker=self.name,
+                        results=results,
+                        visibility_timeout=claim.visibility_timeout,
+                    ),
+                    f"acknowledging {len(messages)} messages",
+                )
+                self._hold(claimant.slot, taken)
         except GaveUp as exc:  # still in the ledger: the worker row stays, and the reaper gives them back
             logger.warning("worker %s: acks of messages %s not written (%s)", self.name, [m.pk for m in messages], exc)
             self._done(handovers)
@@ -172,6 +213,18 @@ class Completer:
                 if outcome != HandlerOutcome.ACKED:
                     warn_unwritten(self.name, message, HandlerOutcome.ACKED, outcome)
         self._done(handovers)
+
+    def _hold(self, slot: int, taken: list[Message]) -> None:
+        """Put what a claim in the acks' transaction took in ``slot``'s hands; look up the step rows its
+        claim did not just read (`check_steps`, as a consumer's claim does)."""
+        if not taken:
+            return
+        self.ledger.claimed(slot, taken)
+        unknown = [m for m in taken if STEP_PRESENT not in m.__dict__]
+        try:
+            check_steps(self.using, unknown)
+        except Exception as exc:  # best effort: each step then looks its row up before it runs (orphan_reason)
+            logger.warning("worker %s: could not look up the claimed steps' rows at once: %s", self.name, exc)
 
     def _one_by_one(self, handover: Handover) -> None:
         written: list[bool] = []

@@ -34,9 +34,9 @@ from ..db.errors import DATABASE_TROUBLE
 from ..exceptions import DbQueueError
 from ..handlers import find_handler, is_async
 from ..models import Message, QueueState
-from ..models.workflows import check_steps
+from ..models.workflows import check_steps, step_of
 from ..running import HandlerOutcome, Verdict, decide, ends_dead
-from .completer import Completer, CompleterGone, Handover
+from .completer import ClaimAfter, Completer, CompleterGone, Handover
 from .config import WorkerConfig
 from .ledger import Ledger
 from .lifecycle import Ending, Lifecycle
@@ -123,15 +123,17 @@ class Consumer:
         try:
             while not stopping.is_set():
                 try:
-                    claimed = self.claim()
-                    if not claimed and self.settle():
+                    # Held already: the claim in the last acks' transaction took them (`claim_after`).
+                    held = self.ledger.unstarted(self.slot)
+                    claimed = [] if held else self.claim()
+                    if not held and not claimed and self.settle():
                         continue  # acks were being written (a group's next message waits for them): claim again
-                    if not claimed and self.nothing_left():
+                    if not held and not claimed and self.nothing_left():
                         break
                 except DATABASE_TROUBLE as exc:
                     self.writer.pause("claim", exc)
                     continue
-                if not claimed:
+                if not held and not claimed:
                     idle_for = min(max(idle_for * 2, self.poll_interval), self.max_poll_interval)
                     # A rate limit that held messages back says when its next slot is free.
                     retry_in = getattr(claimed, "retry_in", None)
@@ -307,12 +309,13 @@ class Consumer:
                 )
         return NOT_RECORDED
 
-    def flush(self) -> None:
+    def flush(self, *, then_claim: bool = True) -> None:
         """Hand the batch's waiting acks to the completer, once the last batch handed over is written.
 
         The completer writes them in one transaction while this thread
         claims and runs the next batch (see `completer` for what it does
-        when they cannot be written).
+        when they cannot be written). ``then_claim``: with a claim for
+        this thread in their transaction, where it applies (`claim_after`).
         """
         with self._handing:
             self.settle()
@@ -320,16 +323,37 @@ class Consumer:
             if not batch:
                 return
             try:
-                self._handed = self.completer.hand_over(self.slot, batch, self.record)
+                self._handed = self.completer.hand_over(
+                    self.slot, batch, self.record, self.claim_after(batch) if then_claim else None
+                )
             except CompleterGone as exc:  # still in the ledger: the worker row stays, the reaper gives them back
                 pks = [m.pk for m, _ in batch]
                 logger.warning("worker %s: acks of messages %s not written (%s)", self.name, pks, exc)
+
+    def claim_after(self, batch: list[tuple[Message, Verdict]]) -> ClaimAfter | None:
+        """This thread's claim, to run in the acks' transaction if their workflow steps release others.
+
+        A chain's next step exists only once its parent's ack commits; the
+        claim that follows in the same transaction takes it (or whatever the
+        claim plan ranks first) without a transaction of its own. None while
+        stopping, for a batch without a step, or with no room left. An
+        adaptive size claims one there: a batch of more keeps a message on
+        its last attempt behind others (`claim`).
+        """
+        if self.lifecycle.stopping.is_set() or not any(step_of(message) for message, _ in batch):
+            return None
+        paused = self.paused.names()
+        queues = [q for q in self.queues if q not in paused]
+        limit = self.ledger.room(1 if self.sizer.adaptive else self.sizer.size(), self.config.max_messages)
+        if not queues or limit <= 0:
+            return None
+        return ClaimAfter(queues, limit, self.config.visibility_timeout)
 
     def flush_early(self) -> None:
         """Hand over the acks waiting in the ledger now, while this thread runs a long handler (the batch
         watch): the messages that ran before it in its batch are not held until it ends."""
         if self.ledger.unacked(self.slot):
-            self.flush()
+            self.flush(then_claim=False)  # nothing more behind the long handler
 
     def settle(self) -> bool:
         """Wait until the last batch handed over is written; whether there was one."""

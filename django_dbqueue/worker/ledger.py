@@ -95,6 +95,11 @@ class Ledger:
         with self._lock:
             self._claimed.setdefault(slot, deque()).extend(messages)
 
+    def unstarted(self, slot: Hashable) -> int:
+        """How many messages ``slot`` claimed and has not started."""
+        with self._lock:
+            return len(self._claimed.get(slot, ()))
+
     def start(self, slot: Hashable, *, running_as: Hashable | None = None) -> Message | None:
         """The next claimed message of ``slot``, now running; None when it has none left.
 
