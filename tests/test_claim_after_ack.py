@@ -159,31 +159,45 @@ def test_a_try_that_failed_after_its_claim_is_answered_by_the_leases_that_hold(m
 # --- the worker ---------------------------------------------------------------------------
 
 
+BOUND = 30  # seconds a held write waits for what it waits for
+
+
 @pytest.mark.parametrize("batch_size", [1, None], ids=["batch-1", "adaptive"])
-def test_a_worker_runs_a_chain_with_one_claim_of_its_own(monkeypatch, batch_size):
-    """Every step after the root is taken by the claim in its parent's acknowledging transaction: the
-    worker's own claims find nothing but the root. Each step runs once, in order."""
+def test_a_worker_runs_a_chain_without_a_claim_of_its_own_per_step(monkeypatch, batch_size):
+    """Every step after the root is taken by the claim in its parent's acknowledging transaction. Once
+    that claim took one, the worker waits for its acks instead of claiming beside them: its own claims are
+    the root's, the one beside the root's ack (held until it returned: nothing was ready then), and the
+    last look before it stops. Each step runs once, in order."""
     names = [f"s{n:02}" for n in range(12)]
     chain(*names).enqueue()
     ran: list[str] = []
     own_claims: list[int] = []
-    real_claim = Consumer.claim
-    lock = threading.Lock()
+    real_claim, real_ack_then_claim = Consumer.claim, MessageQuerySet.ack_then_claim
+    beside_root = threading.Event()
+    held: list[bool] = []
 
     def claim(self, wanted=None):
         claimed = real_claim(self, wanted)
-        with lock:
-            own_claims.append(len(claimed))
+        own_claims.append(len(claimed))
+        if len(own_claims) == 2:
+            beside_root.set()
         return claimed
+
+    def ack_then_claim(self, *args, **kwargs):
+        if not held:  # the root's ack waits for the claim beside it, which then finds nothing
+            held.append(beside_root.wait(BOUND))
+        return real_ack_then_claim(self, *args, **kwargs)
 
     def handler(message):
         ran.append(step_name(message))
 
     monkeypatch.setattr(Consumer, "claim", claim)
+    monkeypatch.setattr(MessageQuerySet, "ack_then_claim", ack_then_claim)
     config = WorkerConfig(queues=[Q], handler=handler, until_empty=True, max_runtime=120, batch_size=batch_size)
     assert QueueWorker(config).run() == ExitStatus.OK
+    assert held == [True]
     assert ran == names
-    assert sum(own_claims) == 1  # the root
+    assert own_claims == [1, 0, 0]
     assert ArchivedMessage.objects.filter(outcome=Outcome.ACKED).count() == len(names)
     assert not Message.objects.exists()
 
@@ -204,3 +218,20 @@ def test_a_stopping_worker_claims_nothing_in_its_last_acks_transaction(monkeypat
     assert calls == []
     (b,) = Message.objects.all()
     assert step_name(b) == "b" and b.lease_token is None
+
+
+def test_a_chain_steps_ack_reads_its_edges_and_locks_its_child_in_one_statement():
+    """The join's read of the acked step's edges and the lock of its children are one statement (and the
+    step's ack with its claim one transaction): the chain's cost is counted in round trips."""
+    from django.test.utils import CaptureQueriesContext
+
+    chain("a", "b").enqueue()
+    root = root_of()
+    with CaptureQueriesContext(connection) as ack:
+        answers, taken = ack_then_claim([root], [Q])
+    assert answers == [True] and len(taken) == 1
+    edges = [q["sql"] for q in ack.captured_queries if "dbqueue_workflow_edge" in q["sql"]]
+    assert len(edges) == 1
+    assert "dbqueue_workflow_step" in edges[0]
+    if connection.features.has_select_for_update:
+        assert "FOR UPDATE" in edges[0]

@@ -34,9 +34,8 @@ from django_dbqueue.control import CancelResult, cancel, release_lease
 from django_dbqueue.db import errors
 from django_dbqueue.db.clock import DbNow
 from django_dbqueue.db.errors import DATABASE_TROUBLE
-from django_dbqueue.models import ArchivedMessage, Message, Outcome
+from django_dbqueue.models import ArchivedMessage, Message, Outcome, wakeups
 from django_dbqueue.models import landed as landed_module
-from django_dbqueue.models import wakeups
 from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
 from tests.support.proxy import ALIAS
 

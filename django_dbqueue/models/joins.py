@@ -60,37 +60,34 @@ def finish_steps(
     )
 
 
-def child_edges(using: str, workflow_id: int, parents: Sequence[str]) -> list[tuple[str, str, str]]:
-    """(parent, child, ignore) of every edge out of ``parents``, by the (workflow, parent) index."""
-    qn = connections[using].ops.quote_name
-    rows = cursors.run(
-        using,
-        f"SELECT {qn('parent')}, {qn('child')}, {qn('ignore')} FROM {qn(EDGE_TABLE)} "
-        f"WHERE {qn('workflow_id')} = %s AND {qn('parent')} IN ({_marks(parents)})",
-        [workflow_id, *parents],
-        _rows,
-    )
-    return [(parent, child, ignore) for parent, child, ignore in rows]
+def lock_children(using: str, workflow_id: int, parents: Sequence[str]) -> list[tuple[str, str, Any]]:
+    """(parent, ignore, child step) of every edge out of ``parents``, the child steps locked (``FOR UPDATE``
+    where the database has it), as `WorkflowStep` instances: one statement, by the edges' (workflow,
+    parent) index and the steps' (workflow, name) unique index.
 
-
-def lock_steps(using: str, workflow_id: int, names: Sequence[str]) -> list[Any]:
-    """The steps ``names`` of the workflow, locked (``FOR UPDATE`` where the database has it) in declared order,
-    by the (workflow, name) unique index; as `WorkflowStep` instances."""
-    if not names:
-        return []
+    PostgreSQL locks the steps alone (``OF``), in position order (its
+    locks follow the sort); MySQL and MariaDB lock as they read, the edge
+    rows too (nothing updates an edge). A child with several of
+    ``parents`` comes once per edge.
+    """
     connection = connections[using]
     qn = connection.ops.quote_name
     model = apps.get_model("django_dbqueue", "WorkflowStep")
     columns, build = row_reader(using, model, model.from_db)
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    step, edge = qn(STEP_TABLE), qn(EDGE_TABLE)
+    lock = ""
+    if connection.features.has_select_for_update:
+        lock = f" FOR UPDATE OF {step}" if connection.features.has_select_for_update_of else " FOR UPDATE"
     rows = cursors.run(
         using,
-        f"SELECT {columns} FROM {qn(STEP_TABLE)} WHERE {qn(STEP_TABLE)}.{qn('workflow_id')} = %s "
-        f"AND {qn(STEP_TABLE)}.{qn('name')} IN ({_marks(names)}) ORDER BY {qn(STEP_TABLE)}.{qn('position')}{lock}",
-        [workflow_id, *names],
+        f"SELECT {columns}, {edge}.{qn('parent')}, {edge}.{qn('ignore')} FROM {edge} INNER JOIN {step} "
+        f"ON {step}.{qn('workflow_id')} = {edge}.{qn('workflow_id')} AND {step}.{qn('name')} = {edge}.{qn('child')} "
+        f"WHERE {edge}.{qn('workflow_id')} = %s AND {edge}.{qn('parent')} IN ({_marks(parents)}) "
+        f"ORDER BY {step}.{qn('position')}{lock}",
+        [workflow_id, *parents],
         _rows,
     )
-    return [build(row) for row in rows]
+    return [(row[-2], row[-1], build(row)) for row in rows]
 
 
 def take_pending(using: str, step_ids: Sequence[int], settled: int) -> None:

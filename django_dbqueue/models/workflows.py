@@ -480,8 +480,9 @@ def _orphan(using: str, entry: Finished) -> bool:
 def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str | None]]) -> list[LiveMessage]:
     """Decrement the children of the settled steps, enqueue those at zero, cancel those a failure dooms.
 
-    In waves: the edges of the steps settled in a wave are read in one
-    SELECT, their children locked in another, each decremented by the
+    In waves: the edges of the steps settled in a wave are read with
+    their children, locked, in one SELECT (`joins.lock_children`), each
+    child decremented by the
     number of its parents among them (a fan-in child of ten parents acked
     together loses ten at once, in one UPDATE); the steps a failure cancels
     make the next wave. A child that one parent lets go and another dooms
@@ -496,8 +497,10 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
         outcomes = {name: (outcome, cause) for name, outcome, cause in wave}
         stop: dict[str, tuple[str, str]] = {}  # child -> (origin, reason)
         go: dict[str, int] = defaultdict(int)
+        steps: dict[str, WorkflowStep] = {}  # in position order
         # By the (workflow, parent) index: a fan-in child's other edges are never read.
-        for parent, child, ignore in joins.child_edges(using, workflow_id, sorted(outcomes)):
+        for parent, ignore, step in joins.lock_children(using, workflow_id, sorted(outcomes)):
+            child = steps.setdefault(step.name, step).name
             outcome, cause = outcomes[parent]
             if outcome == Outcome.ACKED or outcome in ignore.split(","):
                 go[child] += 1
@@ -505,10 +508,11 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
                 origin = cause or parent
                 reason = f"dependency {origin!r} ended {outcome if origin == parent else 'cancelled'}"
                 stop[child] = min(stop.get(child, (origin, reason)), (origin, reason))
-        going = sorted(child for child in go if child not in stop)
-        # By the (workflow, name) index, the state tested here: a planner may prefer the state's index.
-        locked = joins.lock_steps(using, workflow_id, going)
-        children = [(s, go[s.name]) for s in locked if s.state == StepState.WAITING]
+        children = [
+            (step, go[name])
+            for name, step in steps.items()
+            if name in go and name not in stop and step.state == StepState.WAITING
+        ]
         refused, enqueued = _release(using, children)
         released += enqueued
         wave = [(name, Outcome.CANCELLED, None) for name in refused]  # keys refused

@@ -71,6 +71,7 @@ class Handover:
     batch: list[Entry]
     record: Callable[[Message, Verdict], str]
     claim: ClaimAfter | None = None
+    took: int = 0  # how many messages its claim took
     done: threading.Event = field(default_factory=threading.Event)
     settled: bool = False  # written, or given up and logged: the completer is done with it
 
@@ -185,6 +186,7 @@ class Completer:
                     f"acknowledging {len(messages)} messages",
                 )
                 self._hold(claimant.slot, taken)
+                claimant.took = len(taken)
         except GaveUp as exc:  # still in the ledger: the worker row stays, and the reaper gives them back
             logger.warning("worker %s: acks of messages %s not written (%s)", self.name, [m.pk for m in messages], exc)
             self._done(handovers)

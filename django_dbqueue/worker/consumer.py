@@ -114,6 +114,9 @@ class Consumer:
         self._handed: Handover | None = None  # the last batch handed over, until it is written
         # flush() and settle() run on this thread, and on the batch watch's when a handler runs long.
         self._handing = threading.RLock()
+        # Whether the last claim in an acks' transaction took something (`claim_after`): while it does
+        # (a chain), the thread waits for its acks before claiming, instead of claiming beside them.
+        self._chained = False
         single = any(queue_options(q).max_attempts == 1 or queue_options(q).rate_limit for q in queues)
         self.sizer = ClaimSizer(config.batch_size, one_at_a_time=single)
 
@@ -124,6 +127,8 @@ class Consumer:
             while not stopping.is_set():
                 try:
                     # Held already: the claim in the last acks' transaction took them (`claim_after`).
+                    if self._chained and self._handed is not None and self._handed.claim is not None:
+                        self.settle()  # a chain: its acks' claim takes the next step; one beside it finds nothing
                     held = self.ledger.unstarted(self.slot)
                     claimed = [] if held else self.claim()
                     if not held and not claimed and self.settle():
@@ -362,6 +367,8 @@ class Consumer:
             if handed is None:
                 return False
             self.completer.wait(handed)
+            if handed.claim is not None:
+                self._chained = handed.took > 0
             return True
 
     def _check_connection(self) -> None:
