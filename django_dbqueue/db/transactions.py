@@ -64,10 +64,13 @@ def short_transaction(using: str) -> Iterator[None]:
     server answers (``SET autocommit``), so a transaction of two statements
     costs five round trips instead of four. Here, on an autocommit
     connection outside any ``atomic()``, MySQL gets ``START TRANSACTION``
-    ... ``COMMIT`` instead. Whatever goes wrong is rolled back; a connection
-    whose state is then unknown is closed, never reused mid-transaction.
-    Elsewhere (PostgreSQL, SQLite, inside ``atomic()``) this is
-    `write_transaction`. Nothing inside may rely on ``on_commit``.
+    ... ``COMMIT`` instead, and Django's own state says "in a transaction"
+    as ``atomic()`` leaves it: ``on_commit`` hooks run once the COMMIT
+    succeeds (and are dropped on a rollback), ``select_for_update`` and a
+    nested ``atomic()`` work inside. Whatever goes wrong is rolled back; a
+    connection whose state is then unknown is closed, never reused
+    mid-transaction. Elsewhere (PostgreSQL, SQLite, inside ``atomic()``)
+    this is `write_transaction`.
     """
     connection = connections[using]
     if connection.vendor != "mysql" or connection.in_atomic_block or not connection.get_autocommit():
@@ -76,15 +79,33 @@ def short_transaction(using: str) -> Iterator[None]:
         return
     with connection.cursor() as cursor:
         cursor.execute("START TRANSACTION")
+    # Django's view of the session, as atomic() sets it, without the SET autocommit=0 that atomic()
+    # would send: the server's autocommit stays on, suspended by START TRANSACTION until COMMIT.
+    connection.autocommit = False
+    try:
         try:
-            yield
-            cursor.execute("COMMIT")
+            # Outside atomic() with autocommit off, Django takes the session for a transaction already
+            # begun: no savepoint (savepoint=False), no commit at its end; its hooks wait for ours.
+            with transaction.atomic(using=using, savepoint=False):
+                yield
         except BaseException:
             try:
-                cursor.execute("ROLLBACK")
+                connection.rollback()  # drops the on_commit hooks too
             except Exception:
                 connection.close()
             raise
+        try:
+            connection.commit()
+        except BaseException:
+            try:
+                connection.rollback()
+            except Exception:
+                connection.close()
+            raise
+    finally:
+        connection.autocommit = True
+    connection.run_commit_hooks_on_set_autocommit_on = False
+    connection.run_and_clear_commit_hooks()
 
 
 @contextlib.contextmanager

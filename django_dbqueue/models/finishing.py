@@ -252,19 +252,17 @@ class Finishing(Leasing[Live]):
             return with_retries(using, lambda: answered(one), what="ack_many")
 
         everyone = {m.pk for m in messages}
-        # A step's join enqueues and nudges once the transaction commits: `short_transaction` has no on_commit.
-        opened = write_transaction if steps else short_transaction
 
         def write() -> set[int]:
             # Every lease holds, almost always: acknowledge without locking first; else roll back and lock.
             try:
-                with opened(using):
+                with short_transaction(using):
                     if ack_unlocked(using, tokens, archived, worker, kept, notes):
                         return settle(everyone) if steps else everyone
                     raise _LeaseMoved
             except _LeaseMoved:
                 pass
-            with opened(using):
+            with short_transaction(using):
                 owned = lock_leased(using, tokens)
                 if not owned:
                     return owned
