@@ -286,3 +286,19 @@ def test_the_clean_up_takes_exactly_the_benchmarks_queues():
     assert sorted(found.values_list("queue", flat=True)) == expected
     if connection.vendor == "mysql":  # the queue's indexes can serve it (a LIKE BINARY alone has no possible key)
         assert "dbqueue_arc_queue" in found.explain()
+
+
+def test_a_drained_message_whose_attempt_failed_on_weather_is_ready_again_at_once():
+    """Fault: an atomic handler's transaction deadlocked, the attempt failed. In the benchmark's drain
+    queues the retry is ready at once, so --until-empty workers do not stop one message short."""
+    import django_dbqueue
+    from django_dbqueue.contrib.bench.runner import GROUPS_QUEUE, PREFIX, bench_queues_on
+
+    for queue in (PREFIX + "drain", GROUPS_QUEUE):
+        with bench_queues_on("default"):
+            django_dbqueue.enqueue(queue, {})
+            (message,) = django_dbqueue.claim(queue, 1)
+            assert message.fail("(1213, 'Deadlock found when trying to get lock')")
+            (again,) = django_dbqueue.claim(queue, 1)
+            assert again.pk == message.pk and again.attempts == 2
+            assert again.ack()
