@@ -88,3 +88,58 @@ def test_on_mysql_no_set_autocommit_is_sent():
     with transaction.atomic():
         django_dbqueue.enqueue(Q, {"n": 2})
     assert set_statements() == before + 2  # what atomic() costs, for the comparison
+
+
+mysql_only = pytest.mark.skipif(
+    "connection.vendor != 'mysql'", reason="elsewhere short_transaction is Django's atomic(), tested by Django"
+)
+
+
+@mysql_only
+def test_a_failed_commit_rolls_back_runs_no_hook_and_leaves_the_connection_usable(monkeypatch):
+    """Fault: the COMMIT fails (refused by the server, as a deadlock's victim is)."""
+    from django.db import OperationalError
+
+    ran: list[str] = []
+
+    def refused():
+        raise OperationalError(1213, "Deadlock found when trying to get lock")
+
+    with pytest.raises(OperationalError), short_transaction("default"):
+        django_dbqueue.enqueue(Q, {"n": 1})
+        transaction.on_commit(lambda: ran.append("hook"))
+        monkeypatch.setattr(connection, "commit", refused)
+    monkeypatch.undo()
+    assert ran == [] and not Message.objects.exists()
+    assert connection.get_autocommit() and not connection.in_atomic_block
+    django_dbqueue.enqueue(Q, {"n": 2})
+    assert Message.objects.count() == 1
+
+
+@mysql_only
+def test_a_transaction_closed_or_marked_for_rollback_inside_is_not_committed():
+    for spoil, why in ((connection.close, "closed"), (lambda: transaction.set_rollback(True), "marked for a rollback")):
+        ran: list[str] = []
+        with pytest.raises(transaction.TransactionManagementError, match=why), short_transaction("default"):
+            django_dbqueue.enqueue(Q, {"n": why})
+            transaction.on_commit(lambda: ran.append("hook"))  # noqa: B023
+            spoil()
+        assert ran == []
+        assert not connection.in_atomic_block and connection.get_autocommit()
+        assert not Message.objects.exists()  # the connection works again, and nothing was committed
+
+
+@mysql_only
+def test_a_hook_that_raises_is_logged_and_the_others_still_run(caplog):
+    ran: list[str] = []
+
+    def broken():
+        raise RuntimeError("hook failed")
+
+    with short_transaction("default"):
+        django_dbqueue.enqueue(Q, {"n": 1})
+        transaction.on_commit(broken)
+        transaction.on_commit(lambda: ran.append("after"))
+    assert ran == ["after"]
+    assert "on_commit hook" in caplog.text and "hook failed" in caplog.text
+    assert Message.objects.count() == 1

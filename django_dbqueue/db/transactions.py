@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Protocol, cast
 
 from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.transaction import TransactionManagementError
+
+logger = logging.getLogger("django_dbqueue")
 
 
 class TransactionMode(Protocol):
@@ -66,11 +71,13 @@ def short_transaction(using: str) -> Iterator[None]:
     connection outside any ``atomic()``, MySQL gets ``START TRANSACTION``
     ... ``COMMIT`` instead, and Django's own state says "in a transaction"
     as ``atomic()`` leaves it: ``on_commit`` hooks run once the COMMIT
-    succeeds (and are dropped on a rollback), ``select_for_update`` and a
-    nested ``atomic()`` work inside. Whatever goes wrong is rolled back; a
-    connection whose state is then unknown is closed, never reused
-    mid-transaction. Elsewhere (PostgreSQL, SQLite, inside ``atomic()``)
-    this is `write_transaction`.
+    succeeds (and are dropped on a rollback; one that raises is logged),
+    ``select_for_update`` and a nested ``atomic()`` work inside. Whatever
+    goes wrong is rolled back, and so is a transaction Django marked for a
+    rollback or whose connection was closed inside (with an error: nothing
+    was committed); a connection whose state is then unknown is closed,
+    never reused mid-transaction. Elsewhere (PostgreSQL, SQLite, inside
+    ``atomic()``) this is `write_transaction`.
     """
     connection = connections[using]
     if connection.vendor != "mysql" or connection.in_atomic_block or not connection.get_autocommit():
@@ -89,23 +96,52 @@ def short_transaction(using: str) -> Iterator[None]:
             with transaction.atomic(using=using, savepoint=False):
                 yield
         except BaseException:
-            try:
-                connection.rollback()  # drops the on_commit hooks too
-            except Exception:
-                connection.close()
+            _abandon(connection)
             raise
+        if connection.closed_in_transaction or connection.needs_rollback:
+            # The body closed the connection, or caught an error Django had marked for a rollback.
+            why = "closed" if connection.closed_in_transaction else "marked for a rollback"
+            _abandon(connection)
+            raise TransactionManagementError(f"the transaction was {why} inside short_transaction: not committed")
         try:
             connection.commit()
         except BaseException:
-            try:
-                connection.rollback()
-            except Exception:
-                connection.close()
+            _abandon(connection)
             raise
     finally:
         connection.autocommit = True
+    _run_hooks(connection)
+
+
+def _abandon(connection: BaseDatabaseWrapper) -> None:
+    """Roll `short_transaction`'s transaction back (its on_commit hooks dropped), or close a connection
+    whose state is unknown; leave Django's state outside any transaction either way."""
+    if connection.closed_in_transaction:  # Django left it "in atomic" with no connection: start afresh
+        connection.in_atomic_block = False
+        connection.closed_in_transaction = False
+        connection.needs_rollback = False
+        connection.run_on_commit = []
+        connection.connection = None
+        return
+    connection.in_atomic_block = False
+    try:
+        connection.rollback()  # drops the on_commit hooks too
+    except Exception:
+        connection.close()
+    connection.run_on_commit = []
+    connection.needs_rollback = False
+
+
+def _run_hooks(connection: BaseDatabaseWrapper) -> None:
+    """The on_commit hooks of a committed `short_transaction`, each one whatever the others do: a hook
+    that raises is logged, never taken for the transaction's failure (its caller would retry what committed)."""
+    hooks, connection.run_on_commit = connection.run_on_commit, []
     connection.run_commit_hooks_on_set_autocommit_on = False
-    connection.run_and_clear_commit_hooks()
+    for entry in hooks:  # (savepoint ids, hook, robust)
+        try:
+            entry[1]()
+        except Exception:
+            logger.exception("an on_commit hook of a committed transaction on %r raised", connection.alias)
 
 
 @contextlib.contextmanager
