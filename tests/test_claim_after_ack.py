@@ -17,8 +17,8 @@ from django.db import OperationalError, connection
 
 import django_dbqueue
 from django_dbqueue import Step, Workflow
+from django_dbqueue.exceptions import InvalidOption
 from django_dbqueue.models import ArchivedMessage, Message, MessageQuerySet, Outcome, WorkflowStep
-from django_dbqueue.models.claiming import _ClaimAfterAck
 from django_dbqueue.models.workflows import STEP_PRESENT
 from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
 from django_dbqueue.worker.consumer import Consumer
@@ -115,45 +115,66 @@ def test_a_fan_out_gives_the_worker_at_most_its_limit():
     assert Message.objects.filter(lease_token__isnull=True).count() == 2
 
 
-def transient_error() -> OperationalError:
-    """An error the queue retries on this database, raised as Django raises it."""
+def lost_reply() -> OperationalError:
+    """The error of a connection lost before the server's answer came, raised as Django raises it."""
     if connection.vendor == "mysql":
         import MySQLdb
 
-        error = OperationalError(1213, "Deadlock found when trying to get lock")
-        error.__cause__ = MySQLdb.OperationalError(1213, "Deadlock found when trying to get lock")
-    elif connection.vendor == "postgresql":
+        error = OperationalError(2013, "Lost connection to server during query")
+        error.__cause__ = MySQLdb.OperationalError(2013, "Lost connection to server during query")
+    else:
         import psycopg
 
-        error = OperationalError("deadlock detected")
-        error.__cause__ = psycopg.errors.DeadlockDetected("deadlock detected")
-    else:
-        error = OperationalError("database is locked")
-        error.__cause__ = __import__("sqlite3").OperationalError("database is locked")
+        error = OperationalError("server closed the connection unexpectedly")
+        error.__cause__ = psycopg.OperationalError("server closed the connection unexpectedly")
     return error
 
 
-def test_a_try_that_failed_after_its_claim_is_answered_by_the_leases_that_hold(monkeypatch):
-    """Fault: the first try's transaction fails after its claim (a deadlock); it rolls back and is retried.
-    What the caller gets is what the database leased, once."""
+def test_a_commit_whose_reply_was_lost_is_answered_by_the_leases_it_made(monkeypatch):
+    """Fault: the acknowledging transaction committed (ack and claim), then its reply was lost; the retry
+    finds the acks done and claims nothing itself. What the caller gets is what the database leased, once."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no connection to lose")
     chain("a", "b").enqueue()
     root = root_of()
-    real = _ClaimAfterAck.released
-    failures = []
+    real_commit = connection.commit
+    lost: list[bool] = []
 
-    def released(self, using, messages):
-        real(self, using, messages)
-        if not failures:
-            failures.append(self.claims[using][:])
-            raise transient_error()
+    def commit():
+        real_commit()
+        if not lost:
+            lost.append(True)
+            raise lost_reply()
 
-    monkeypatch.setattr(_ClaimAfterAck, "released", released)
+    monkeypatch.setattr(connection, "commit", commit)
     answers, taken = ack_then_claim([root], [Q])
-    assert [step_name(m) for m in failures[0]] == ["b"]  # the failed try had claimed b
+    assert lost == [True]
     assert answers == [True]
     assert [step_name(m) for m in taken] == ["b"]
     leased_once(taken[0])
     assert ArchivedMessage.objects.count() == 1 and Message.objects.count() == 1
+
+
+def test_a_call_told_again_answers_by_what_an_earlier_call_with_its_token_leased():
+    """The completer's own retry of a whole call (its writer waits out weather) passes the same token:
+    a claim that an earlier call committed is found, not lost."""
+    chain("a", "b").enqueue()
+    root = root_of()
+    answers, first = Message.objects.ack_then_claim([root], [Q], 1, worker=WORKER, token="t-again")
+    assert answers == [True] and [step_name(m) for m in first] == ["b"]
+    answers, again = Message.objects.ack_then_claim([root], [Q], 1, worker=WORKER, token="t-again", again=True)
+    assert [m.pk for m in again] == [first[0].pk]  # its ack is not done twice; its lease is answered
+    leased_once(again[0])
+
+
+@pytest.mark.parametrize(("option", "value"), [("limit", 0), ("visibility_timeout", -1)])
+def test_a_bad_limit_or_lease_is_refused_before_anything_is_written(option, value):
+    chain("a", "b").enqueue()
+    root = root_of()
+    options = {"limit": 1, "visibility_timeout": 30, option: value}
+    with pytest.raises(InvalidOption, match=option):
+        Message.objects.ack_then_claim([root], [Q], options.pop("limit"), worker=WORKER, **options)
+    assert ArchivedMessage.objects.count() == 0 and Message.objects.get(pk=root.pk).lease_token == root.lease_token
 
 
 # --- the worker ---------------------------------------------------------------------------
@@ -165,20 +186,21 @@ BOUND = 30  # seconds a held write waits for what it waits for
 @pytest.mark.parametrize("batch_size", [1, None], ids=["batch-1", "adaptive"])
 def test_a_worker_runs_a_chain_without_a_claim_of_its_own_per_step(monkeypatch, batch_size):
     """Every step after the root is taken by the claim in its parent's acknowledging transaction. Once
-    that claim took one, the worker waits for its acks instead of claiming beside them: its own claims are
-    the root's, the one beside the root's ack (held until it returned: nothing was ready then), and the
-    last look before it stops. Each step runs once, in order."""
+    that claim took one, the worker waits for its acks instead of claiming beside them: while steps are
+    left, its own claims are the root's and the one beside the root's ack (held until it returned:
+    nothing was ready then). Each step runs once, in order."""
     names = [f"s{n:02}" for n in range(12)]
     chain(*names).enqueue()
     ran: list[str] = []
-    own_claims: list[int] = []
+    own_claims: list[tuple[int, int]] = []  # (steps run by then, messages taken)
     real_claim, real_ack_then_claim = Consumer.claim, MessageQuerySet.ack_then_claim
     beside_root = threading.Event()
     held: list[bool] = []
 
     def claim(self, wanted=None):
+        before = len(ran)
         claimed = real_claim(self, wanted)
-        own_claims.append(len(claimed))
+        own_claims.append((before, len(claimed)))
         if len(own_claims) == 2:
             beside_root.set()
         return claimed
@@ -197,8 +219,66 @@ def test_a_worker_runs_a_chain_without_a_claim_of_its_own_per_step(monkeypatch, 
     assert QueueWorker(config).run() == ExitStatus.OK
     assert held == [True]
     assert ran == names
-    assert own_claims == [1, 0, 0]
+    # Once every step ran, the worker looks again before it stops (the batch watch may make that twice).
+    assert [claim for claim in own_claims if claim[0] < len(names)] == [(0, 1), (1, 0)]
+    assert sum(taken for _, taken in own_claims) == 1
     assert ArchivedMessage.objects.filter(outcome=Outcome.ACKED).count() == len(names)
+    assert not Message.objects.exists()
+
+
+def test_an_async_handlers_chain_runs_to_its_end():
+    """The async handlers' consumer claims for its loop's free slots itself: no claim in its acks."""
+    names = [f"s{n}" for n in range(5)]
+    chain(*names).enqueue()
+    ran: list[str] = []
+
+    async def handler(message):
+        ran.append(step_name(message))
+
+    config = WorkerConfig(queues=[Q], handler=handler, until_empty=True, max_runtime=120)
+    assert QueueWorker(config).run() == ExitStatus.OK
+    assert ran == names
+    assert not Message.objects.exists()
+
+
+def test_max_messages_counts_what_the_claim_in_the_acks_took():
+    """A root releasing 20 steps, batches of 10, --max-messages 10: ten messages run, no more; the
+    steps left are given back, unleased."""
+    workflow = Workflow("next")
+    workflow.add("root", Q, {})
+    workflow.group(*(Step(f"s{n:02}", Q, {}) for n in range(20)), after=["root"])
+    workflow.enqueue()
+    ran: list[str] = []
+    config = WorkerConfig(queues=[Q], handler=lambda m: ran.append(step_name(m)), batch_size=10, max_messages=10)
+    QueueWorker(config).run()
+    assert len(ran) == 10 and ran[0] == "root"
+    assert ArchivedMessage.objects.count() == 10
+    assert Message.objects.count() == 11
+    assert not Message.objects.filter(lease_token__isnull=False).exists()
+
+
+def test_weather_while_reading_the_pauses_sends_the_acks_without_a_claim(monkeypatch):
+    """Fault: the paused queues cannot be read when the acks are handed over (a failover): the acks go
+    alone, the consumer claims after them, and the chain runs to its end."""
+    from django_dbqueue.worker.consumer import PausedQueues
+
+    names = [f"s{n}" for n in range(4)]
+    chain(*names).enqueue()
+    real_names = PausedQueues.names
+    failed: list[int] = []
+
+    def names_or_weather(self):
+        if not failed and len(ran) == 2:  # at the hand-over of the second step's ack
+            failed.append(1)
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_names(self)
+
+    ran: list[str] = []
+    monkeypatch.setattr(PausedQueues, "names", names_or_weather)
+    config = WorkerConfig(queues=[Q], handler=lambda m: ran.append(step_name(m)), until_empty=True, max_runtime=120)
+    assert QueueWorker(config).run() == ExitStatus.OK
+    assert failed == [1]
+    assert ran == names
     assert not Message.objects.exists()
 
 
@@ -235,3 +315,31 @@ def test_a_chain_steps_ack_reads_its_edges_and_locks_its_child_in_one_statement(
     assert "dbqueue_workflow_step" in edges[0]
     if connection.features.has_select_for_update:
         assert "FOR UPDATE" in edges[0]
+
+
+def test_an_error_after_the_acks_committed_still_hands_over_what_their_claim_took(monkeypatch):
+    """Fault: the acks and their claim committed, then something after them failed for good (the read-back
+    for message_acked's listeners, say). The completer reads back what the claim's token leased: the next
+    step runs, once, instead of waiting out its lease."""
+    from django.db import DataError
+
+    names = ["a", "b", "c"]
+    chain(*names).enqueue()
+    real = MessageQuerySet.ack_then_claim
+    failed: list[int] = []
+
+    def then_fail(self, *args, **kwargs):
+        answer = real(self, *args, **kwargs)
+        if not failed:
+            failed.append(len(answer[1]))
+            raise DataError("after the commit")
+        return answer
+
+    ran: list[str] = []
+    monkeypatch.setattr(MessageQuerySet, "ack_then_claim", then_fail)
+    config = WorkerConfig(queues=[Q], handler=lambda m: ran.append(step_name(m)), until_empty=True, max_runtime=120)
+    assert QueueWorker(config).run() == ExitStatus.OK
+    assert failed == [1]  # the first call's claim took b
+    assert ran == names
+    assert ArchivedMessage.objects.filter(outcome=Outcome.ACKED).count() == 3
+    assert not Message.objects.exists()

@@ -85,17 +85,25 @@ def first_of_group(using: str, table: str, index: str, row: str) -> str:
 
 
 def skip_locked(using: str, table: str) -> str:
-    """``FOR UPDATE SKIP LOCKED`` of ``table``'s rows only, in a statement that may read others ('' on SQLite).
+    """``FOR UPDATE SKIP LOCKED`` of ``table``'s rows only, in a statement that may read others ('' on SQLite):
+    `for_update_of`, skipping what others locked."""
+    return for_update_of(using, table, skip_locked=True)
+
+
+def for_update_of(using: str, table: str, *, skip_locked: bool = False) -> str:
+    """``FOR UPDATE`` of ``table``'s rows only, in a statement that may read others ('' on SQLite).
 
     PostgreSQL names the table (``OF``): its lock would otherwise reach the
-    other tables' rows as well. MySQL/MariaDB lock only the base tables' rows.
+    other tables' rows as well; it takes its locks in the statement's sort
+    order. MySQL/MariaDB lock the rows of the tables they read, as they read
+    them.
     """
     connection = connections[using]
-    if not connection.features.has_select_for_update_skip_locked:
+    features = connection.features
+    if not (features.has_select_for_update_skip_locked if skip_locked else features.has_select_for_update):
         return ""
-    if connection.vendor == "postgresql":
-        return f" FOR UPDATE OF {connection.ops.quote_name(table)} SKIP LOCKED"
-    return " FOR UPDATE SKIP LOCKED"
+    lock = f" FOR UPDATE OF {connection.ops.quote_name(table)}" if connection.vendor == "postgresql" else " FOR UPDATE"
+    return lock + (" SKIP LOCKED" if skip_locked else "")
 
 
 def array_columns(using: str, types: list[str]) -> str:

@@ -110,13 +110,7 @@ class Claiming(Finishing[Live]):
         ``retry_in`` says when a rate limit that held messages back lets more through.
         """
         names = validation.validate_queues(queues if isinstance(queues, str) else list(queues))
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidOption(f"limit must be a positive integer, not {limit!r}")
-        timeout = (
-            None
-            if visibility_timeout is None
-            else validation.seconds(visibility_timeout, "visibility_timeout", allow_zero=False)
-        )
+        timeout = _claim_options(limit, visibility_timeout)
         using = database_for(names, self.db if self.chosen_db() else None)
         worker = worker or default_worker_name()
         manager = self.using(using)
@@ -185,7 +179,9 @@ class Claiming(Finishing[Live]):
         *,
         worker: str,
         results: Mapping[int, Any] | None = None,
-        visibility_timeout: float | None = None,
+        visibility_timeout: float | timedelta | None = None,
+        token: str | None = None,
+        again: bool = False,
     ) -> tuple[list[bool | None], list[Live]]:
         """`ack_many`, and where the acks' workflow steps released others on ``queues``, a claim of up
         to ``limit`` messages of ``queues`` for ``worker`` in the acknowledging transaction.
@@ -196,13 +192,26 @@ class Claiming(Finishing[Live]):
         The claim here is the claim plan itself (priorities, flow rules), so
         it may take other messages than the released ones. A try that failed
         after claiming, whose commit may have landed, is answered by the
-        leases under the claim's token (`claimed_under`).
+        leases under the claim's ``token`` (`claimed_under`); ``again``: an
+        earlier call with this token failed, answer by its leases too.
         """
         names = validation.validate_queues(queues)
-        token = uuid.uuid4().hex
-        after = _ClaimAfterAck(self, names, limit, visibility_timeout, worker, token)
+        timeout = _claim_options(limit, visibility_timeout)
+        messages = list(messages)
+        after = _ClaimAfterAck(self, names, limit, timeout, worker, token or uuid.uuid4().hex)
+        if again:
+            after.unsure.update(m._state.db or "default" for m in messages)
         answers = self.ack_many(messages, worker=worker, results=results, then=after)
         return answers, after.taken()
+
+
+def _claim_options(limit: int, visibility_timeout: float | timedelta | None) -> float | None:
+    """A claim's ``limit`` checked, and its ``visibility_timeout`` in seconds (None: the queue's)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidOption(f"limit must be a positive integer, not {limit!r}")
+    if visibility_timeout is None:
+        return None
+    return validation.seconds(visibility_timeout, "visibility_timeout", allow_zero=False)
 
 
 class _ClaimAfterAck:
@@ -235,5 +244,9 @@ class _ClaimAfterAck:
 
     def taken(self) -> list[Any]:
         for using in self.unsure:
-            self.claims[using] = self.manager.using(using).claimed_under(self.token)
+            known = {m.pk for m in self.claims.get(using, ())}
+            manager = self.manager.using(using)
+            leased = with_retries(using, lambda: manager.claimed_under(self.token), what="claim after acks")  # noqa: B023
+            events.claimed([m for m in leased if m.pk not in known], using, self.worker)
+            self.claims[using] = leased
         return [message for claimed in self.claims.values() for message in claimed]

@@ -20,7 +20,7 @@ from django.db import connections
 
 from ..db import cursors
 from ..db.clock import compile_now
-from ..db.sql import json_param
+from ..db.sql import for_update_of, json_param
 from .statements import row_reader
 
 WORKFLOW_TABLE = "dbqueue_workflow"
@@ -66,18 +66,18 @@ def lock_children(using: str, workflow_id: int, parents: Sequence[str]) -> list[
     parent) index and the steps' (workflow, name) unique index.
 
     PostgreSQL locks the steps alone (``OF``), in position order (its
-    locks follow the sort); MySQL and MariaDB lock as they read, the edge
-    rows too (nothing updates an edge). A child with several of
-    ``parents`` comes once per edge.
+    locks follow the sort). MySQL and MariaDB lock as they read, the edge
+    rows too (nothing updates an edge): a parent's children in its edges'
+    order, so two batches of parents that share children in another order
+    may deadlock, and the acknowledgement's transaction is retried. A
+    child with several of ``parents`` comes once per edge.
     """
     connection = connections[using]
     qn = connection.ops.quote_name
     model = apps.get_model("django_dbqueue", "WorkflowStep")
     columns, build = row_reader(using, model, model.from_db)
     step, edge = qn(STEP_TABLE), qn(EDGE_TABLE)
-    lock = ""
-    if connection.features.has_select_for_update:
-        lock = f" FOR UPDATE OF {step}" if connection.features.has_select_for_update_of else " FOR UPDATE"
+    lock = for_update_of(using, STEP_TABLE)
     rows = cursors.run(
         using,
         f"SELECT {columns}, {edge}.{qn('parent')}, {edge}.{qn('ignore')} FROM {edge} INNER JOIN {step} "

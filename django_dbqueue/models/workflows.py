@@ -497,10 +497,10 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
         outcomes = {name: (outcome, cause) for name, outcome, cause in wave}
         stop: dict[str, tuple[str, str]] = {}  # child -> (origin, reason)
         go: dict[str, int] = defaultdict(int)
-        steps: dict[str, WorkflowStep] = {}  # in position order
+        locked: dict[str, WorkflowStep] = {}  # in position order
         # By the (workflow, parent) index: a fan-in child's other edges are never read.
         for parent, ignore, step in joins.lock_children(using, workflow_id, sorted(outcomes)):
-            child = steps.setdefault(step.name, step).name
+            child = locked.setdefault(step.name, step).name
             outcome, cause = outcomes[parent]
             if outcome == Outcome.ACKED or outcome in ignore.split(","):
                 go[child] += 1
@@ -510,7 +510,7 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
                 stop[child] = min(stop.get(child, (origin, reason)), (origin, reason))
         children = [
             (step, go[name])
-            for name, step in steps.items()
+            for name, step in locked.items()
             if name in go and name not in stop and step.state == StepState.WAITING
         ]
         refused, enqueued = _release(using, children)

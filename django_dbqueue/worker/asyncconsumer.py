@@ -32,6 +32,7 @@ from ..handlers import find_handler
 from ..models import Message
 from ..running import Verdict
 from .asyncloop import EventLoop
+from .completer import ClaimAfter
 from .consumer import Consumer
 from .writing import GaveUp
 
@@ -53,6 +54,10 @@ class AsyncConsumer(Consumer):
         self._finished = threading.Event()
         self._in_flight = 0
         self._claim_after = 0.0  # monotonic time of the next claim when the last one found nothing
+
+    def claim_after(self, batch: list[tuple[Message, Verdict]]) -> ClaimAfter | None:
+        """None: this loop dispatches only what its own claims took, sized by its free slots."""
+        return None
 
     def run(self) -> None:
         stopping = self.lifecycle.stopping

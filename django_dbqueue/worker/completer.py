@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import connections
 
@@ -172,21 +174,7 @@ class Completer:
                     f"acknowledging {len(messages)} messages",
                 )
             else:
-                # The slot's acks are in hand until `Ledger.acked` below: the worker is never empty in between.
-                claim = claimant.claim
-                held, taken = self.writer.until_written(
-                    lambda: Message.objects.ack_then_claim(
-                        messages,
-                        claim.queues,
-                        claim.limit,
-                        worker=self.name,
-                        results=results,
-                        visibility_timeout=claim.visibility_timeout,
-                    ),
-                    f"acknowledging {len(messages)} messages",
-                )
-                self._hold(claimant.slot, taken)
-                claimant.took = len(taken)
+                held = self._ack_then_claim(claimant, claimant.claim, messages, results)
         except GaveUp as exc:  # still in the ledger: the worker row stays, and the reaper gives them back
             logger.warning("worker %s: acks of messages %s not written (%s)", self.name, [m.pk for m in messages], exc)
             self._done(handovers)
@@ -215,6 +203,53 @@ class Completer:
                 if outcome != HandlerOutcome.ACKED:
                     warn_unwritten(self.name, message, HandlerOutcome.ACKED, outcome)
         self._done(handovers)
+
+    def _ack_then_claim(
+        self, claimant: Handover, claim: ClaimAfter, messages: list[Message], results: dict[int, Any]
+    ) -> list[bool | None]:
+        """The acks with ``claimant``'s claim after them (`Claiming.ack_then_claim`), under one claim token
+        for every try: a try whose reply was lost is answered by the leases under it. The slot's acks are in
+        hand until `Ledger.acked`, so the worker is never empty in between. If no try is answered, what the
+        token leased is read back and held all the same (best effort: else those leases expire)."""
+        token = uuid.uuid4().hex
+        tries = 0
+
+        def write() -> tuple[list[bool | None], list[Message]]:
+            nonlocal tries
+            tries += 1
+            return Message.objects.ack_then_claim(
+                messages,
+                claim.queues,
+                claim.limit,
+                worker=self.name,
+                results=results,
+                visibility_timeout=claim.visibility_timeout,
+                token=token,
+                again=tries > 1,
+            )
+
+        try:
+            held, taken = self.writer.until_written(write, f"acknowledging {len(messages)} messages")
+        except BaseException:
+            if tries:
+                self._recover(claimant.slot, token)
+            raise
+        self._hold(claimant.slot, taken)
+        claimant.took = len(taken)
+        return held
+
+    def _recover(self, slot: int, token: str) -> None:
+        """Hold what a claim after acks that ended in an error leased under ``token`` (it may have committed)."""
+        try:
+            taken = list(Message.objects.using(self.using).claimed_under(token))
+        except Exception as exc:
+            logger.warning(
+                "worker %s: could not read back what its claim after acks leased (%s); those leases will expire",
+                self.name,
+                first_line(exc),
+            )
+            return
+        self._hold(slot, taken)
 
     def _hold(self, slot: int, taken: list[Message]) -> None:
         """Put what a claim in the acks' transaction took in ``slot``'s hands; look up the step rows its

@@ -127,8 +127,8 @@ class Consumer:
             while not stopping.is_set():
                 try:
                     # Held already: the claim in the last acks' transaction took them (`claim_after`).
-                    if self._chained and self._handed is not None and self._handed.claim is not None:
-                        self.settle()  # a chain: its acks' claim takes the next step; one beside it finds nothing
+                    if self._handed is not None and self._handed.claim is not None and self.wait_for_claim():
+                        self.settle()
                     held = self.ledger.unstarted(self.slot)
                     claimed = [] if held else self.claim()
                     if not held and not claimed and self.settle():
@@ -347,12 +347,22 @@ class Consumer:
         """
         if self.lifecycle.stopping.is_set() or not any(step_of(message) for message, _ in batch):
             return None
-        paused = self.paused.names()
-        queues = [q for q in self.queues if q not in paused]
+        try:
+            paused = self.paused.names()
+        except DATABASE_TROUBLE:  # the acks go alone; the next claim() reads the pauses, and waits out the weather
+            return None
+        # Flow rules' claims take locks of their own (groups, rate slots): not while the acks hold the join's.
+        queues = [q for q in self.queues if q not in paused and not queue_options(q).flow_controlled]
         limit = self.ledger.room(1 if self.sizer.adaptive else self.sizer.size(), self.config.max_messages)
         if not queues or limit <= 0:
             return None
         return ClaimAfter(queues, limit, self.config.visibility_timeout)
+
+    def wait_for_claim(self) -> bool:
+        """Whether to wait for the handed-over acks and their claim before claiming: while that claim takes
+        this thread's next batch (a chain), a claim beside it would find nothing; with --max-messages, one
+        beside it would not count what that claim takes, and could run more than the limit."""
+        return self._chained or bool(self.config.max_messages)
 
     def flush_early(self) -> None:
         """Hand over the acks waiting in the ledger now, while this thread runs a long handler (the batch

@@ -26,9 +26,11 @@ counters feed the worker row and the log.
 
 Lock contract: every method takes the ledger's lock itself and calls
 nothing outside while holding it, so callers hold no lock of their own.
-Only a slot's consumer moves that slot's messages; other threads read
-(the heartbeat, the main thread) or take the unstarted ones back (shutdown,
-the batch watch).
+Only a slot's consumer moves that slot's messages, with one exception:
+the completer adds to a slot's claimed ones what a claim in that slot's
+acks' transaction took, while those acks are still in hand (so the worker
+is never empty in between). Other threads read (the heartbeat, the main
+thread) or take the unstarted ones back (shutdown, the batch watch).
 """
 
 from __future__ import annotations
