@@ -163,7 +163,8 @@ def test_a_call_told_again_answers_by_what_an_earlier_call_with_its_token_leased
     answers, first = Message.objects.ack_then_claim([root], [Q], 1, worker=WORKER, token="t-again")
     assert answers == [True] and [step_name(m) for m in first] == ["b"]
     answers, again = Message.objects.ack_then_claim([root], [Q], 1, worker=WORKER, token="t-again", again=True)
-    assert [m.pk for m in again] == [first[0].pk]  # its ack is not done twice; its lease is answered
+    assert answers == [True]  # answered from the archive: acked once, by the earlier call, not "lease lost"
+    assert [m.pk for m in again] == [first[0].pk]  # its lease is answered, not claimed twice
     leased_once(again[0])
 
 
@@ -241,20 +242,60 @@ def test_an_async_handlers_chain_runs_to_its_end():
     assert not Message.objects.exists()
 
 
-def test_max_messages_counts_what_the_claim_in_the_acks_took():
+def test_max_messages_counts_what_the_claim_in_the_acks_took(monkeypatch):
     """A root releasing 20 steps, batches of 10, --max-messages 10: ten messages run, no more; the
-    steps left are given back, unleased."""
+    steps left are given back, unleased. A claim of the consumer's own is held until the acks' claim
+    has committed: one made beside it, not counting what it took, would take 9 more."""
     workflow = Workflow("next")
     workflow.add("root", Q, {})
     workflow.group(*(Step(f"s{n:02}", Q, {}) for n in range(20)), after=["root"])
     workflow.enqueue()
+    real_claim, real_ack_then_claim = MessageQuerySet.claim, MessageQuerySet.ack_then_claim
+    acks_written = threading.Event()
+    claims: list[int] = []
+
+    def ack_then_claim(self, *args, **kwargs):
+        answer = real_ack_then_claim(self, *args, **kwargs)
+        acks_written.set()
+        return answer
+
+    def claim(self, *args, **kwargs):
+        # After the root's: the statement waits for the root's acks and their claim (its size is set by then).
+        if claims:
+            assert acks_written.wait(BOUND)
+        claimed = real_claim(self, *args, **kwargs)
+        claims.append(len(claimed))
+        return claimed
+
     ran: list[str] = []
+    monkeypatch.setattr(MessageQuerySet, "ack_then_claim", ack_then_claim)
+    monkeypatch.setattr(MessageQuerySet, "claim", claim)
     config = WorkerConfig(queues=[Q], handler=lambda m: ran.append(step_name(m)), batch_size=10, max_messages=10)
     QueueWorker(config).run()
     assert len(ran) == 10 and ran[0] == "root"
     assert ArchivedMessage.objects.count() == 10
     assert Message.objects.count() == 11
     assert not Message.objects.filter(lease_token__isnull=False).exists()
+
+
+def test_a_chain_on_a_queue_under_flow_rules_is_claimed_by_the_worker_not_in_its_acks(monkeypatch):
+    """Flow rules' claims take locks of their own: the acks of such a queue's steps claim nothing."""
+    names = ["a", "b", "c"]
+    chain(*names, queue="fc-groups").enqueue()
+    calls = []
+    real = MessageQuerySet.ack_then_claim
+
+    def spy(self, *args, **kwargs):
+        calls.append(args)
+        return real(self, *args, **kwargs)
+
+    ran: list[str] = []
+    monkeypatch.setattr(MessageQuerySet, "ack_then_claim", spy)
+    config = WorkerConfig(
+        queues=["fc-groups"], handler=lambda m: ran.append(step_name(m)), until_empty=True, max_runtime=120
+    )
+    assert QueueWorker(config).run() == ExitStatus.OK
+    assert ran == names and calls == []
 
 
 def test_weather_while_reading_the_pauses_sends_the_acks_without_a_claim(monkeypatch):

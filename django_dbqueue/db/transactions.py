@@ -124,12 +124,14 @@ def _abandon(connection: BaseDatabaseWrapper) -> None:
         connection.connection = None
         return
     connection.in_atomic_block = False
-    try:
-        connection.rollback()  # drops the on_commit hooks too
-    except Exception:
-        connection.close()
     connection.run_on_commit = []
     connection.needs_rollback = False
+    try:
+        connection.rollback()
+    except Exception:  # the caller's error is the one to raise: the connection's state is unknown, drop it
+        with contextlib.suppress(Exception):
+            connection.close()
+        connection.connection = None
 
 
 def _run_hooks(connection: BaseDatabaseWrapper) -> None:

@@ -23,7 +23,7 @@ from ..db.clock import DbNow, db_now
 from ..db.errors import DATABASE_TROUBLE, outcome_unknown, with_retries
 from ..db.transactions import short_transaction, write_transaction
 from ..exceptions import InvalidOption
-from . import events, flow, workflows
+from . import events, flow, landed, workflows
 from .finishing import Finishing
 from .protocols import Live, LiveMessage
 from .statements import claim_is_one_statement, claim_rows
@@ -189,18 +189,23 @@ class Claiming(Finishing[Live]):
         A chain's next step exists only once its parent's ack commits: a
         worker that acked and then claimed paid a claim's transaction per
         step, and one more that found nothing while the ack was written.
-        The claim here is the claim plan itself (priorities, flow rules), so
+        The claim here is the claim plan itself (priorities, and the flow
+        rules of any such queue in ``queues``: a worker leaves those out), so
         it may take other messages than the released ones. A try that failed
         after claiming, whose commit may have landed, is answered by the
         leases under the claim's ``token`` (`claimed_under`); ``again``: an
-        earlier call with this token failed, answer by its leases too.
+        earlier call with this token failed and may have committed, so its
+        acks are answered from the archive (`landed`) and its claim by the
+        token's leases.
         """
         names = validation.validate_queues(queues)
         timeout = _claim_options(limit, visibility_timeout)
         messages = list(messages)
         after = _ClaimAfterAck(self, names, limit, timeout, worker, token or uuid.uuid4().hex)
-        if again:
+        if again:  # the earlier call may have committed: its acks are answered from the archive, its claim by the token
             after.unsure.update(m._state.db or "default" for m in messages)
+            for message in messages:
+                message.__dict__[landed.UNSURE] = True
         answers = self.ack_many(messages, worker=worker, results=results, then=after)
         return answers, after.taken()
 
