@@ -62,6 +62,7 @@ class ClaimAfter:
     queues: list[str]
     limit: int
     visibility_timeout: float | None
+    max_messages: int | None = None  # the worker's --max-messages: the limit is checked again at the write
 
 
 @dataclass(eq=False)
@@ -213,6 +214,13 @@ class Completer:
         token leased is read back and held all the same (best effort: else those leases expire)."""
         token = uuid.uuid4().hex
         tries = 0
+        # What other threads claimed since the hand-over counts against --max-messages too.
+        limit = self.ledger.room(claim.limit, claim.max_messages)
+        if limit <= 0:
+            return self.writer.until_written(
+                lambda: Message.objects.ack_many(messages, worker=self.name, results=results),
+                f"acknowledging {len(messages)} messages",
+            )
 
         def write() -> tuple[list[bool | None], list[Message]]:
             nonlocal tries
@@ -220,7 +228,7 @@ class Completer:
             return Message.objects.ack_then_claim(
                 messages,
                 claim.queues,
-                claim.limit,
+                limit,
                 worker=self.name,
                 results=results,
                 visibility_timeout=claim.visibility_timeout,

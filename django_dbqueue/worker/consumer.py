@@ -126,9 +126,9 @@ class Consumer:
         try:
             while not stopping.is_set():
                 try:
-                    # Held already: the claim in the last acks' transaction took them (`claim_after`).
                     if self._handed is not None and self._handed.claim is not None and self.wait_for_claim():
-                        self.settle()
+                        self.settle()  # the acks and their claim first (`wait_for_claim`)
+                    # Held already: the claim in the last acks' transaction took them (`claim_after`).
                     held = self.ledger.unstarted(self.slot)
                     claimed = [] if held else self.claim()
                     if not held and not claimed and self.settle():
@@ -356,7 +356,7 @@ class Consumer:
         limit = self.ledger.room(1 if self.sizer.adaptive else self.sizer.size(), self.config.max_messages)
         if not queues or limit <= 0:
             return None
-        return ClaimAfter(queues, limit, self.config.visibility_timeout)
+        return ClaimAfter(queues, limit, self.config.visibility_timeout, self.config.max_messages)
 
     def wait_for_claim(self) -> bool:
         """Whether to wait for the handed-over acks and their claim before claiming: while that claim takes
