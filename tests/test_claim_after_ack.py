@@ -278,10 +278,12 @@ def test_max_messages_counts_what_the_claim_in_the_acks_took(monkeypatch):
     assert not Message.objects.filter(lease_token__isnull=False).exists()
 
 
-def test_a_chain_on_a_queue_under_flow_rules_is_claimed_by_the_worker_not_in_its_acks(monkeypatch):
-    """Flow rules' claims take locks of their own: the acks of such a queue's steps claim nothing."""
+@pytest.mark.parametrize("queue", ["fc-groups", "fc-fifo", "fc-rate"])
+def test_a_chain_on_a_queue_under_flow_rules_is_claimed_by_the_worker_not_in_its_acks(monkeypatch, queue):
+    """Flow rules' claims take locks of their own (group counts, FIFO heads, rate buckets): the acks of
+    such a queue's steps claim nothing, whichever rule it is."""
     names = ["a", "b", "c"]
-    chain(*names, queue="fc-groups").enqueue()
+    chain(*names, queue=queue).enqueue()
     calls = []
     real = MessageQuerySet.ack_then_claim
 
@@ -291,9 +293,7 @@ def test_a_chain_on_a_queue_under_flow_rules_is_claimed_by_the_worker_not_in_its
 
     ran: list[str] = []
     monkeypatch.setattr(MessageQuerySet, "ack_then_claim", spy)
-    config = WorkerConfig(
-        queues=["fc-groups"], handler=lambda m: ran.append(step_name(m)), until_empty=True, max_runtime=120
-    )
+    config = WorkerConfig(queues=[queue], handler=lambda m: ran.append(step_name(m)), until_empty=True, max_runtime=120)
     assert QueueWorker(config).run() == ExitStatus.OK
     assert ran == names and calls == []
 

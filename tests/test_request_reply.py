@@ -1,6 +1,5 @@
 """Request/reply: a requester here, a real ``runqueueworker`` process answering."""
 
-import signal
 import time
 from datetime import timedelta
 
@@ -13,7 +12,7 @@ from django_dbqueue.exceptions import InvalidOption, RequestFailed, RequestTimeo
 from django_dbqueue.models import ArchivedMessage, Message, Outcome
 from django_dbqueue.reaper import Reaper
 from django_dbqueue.worker import ExitStatus
-from tests.support.processes import start_worker, wait_for
+from tests.support.processes import start_worker, stop, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,8 +22,7 @@ def answering_worker():
     """A worker process serving queue 'rr-echo', whose handler replies (tests/testapp/queues.py)."""
     worker = start_worker("rr-echo", "--max-runtime", "120", "-v3")
     yield worker
-    worker.send_signal(signal.SIGTERM)
-    _, err = worker.communicate(timeout=60)
+    _, err = stop(worker)
     print("worker's log (a line per message):", err)  # shown by pytest when the test failed
     assert worker.returncode == ExitStatus.OK, err
 

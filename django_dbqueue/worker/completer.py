@@ -168,14 +168,17 @@ class Completer:
         results = {message.pk: verdict.result for message, verdict in entries}
         # The first consumer that asks gets the claim (one consumer per worker but for --threads).
         claimant = next((handover for handover in handovers if handover.claim is not None), None)
+        claim = claimant.claim if claimant is not None else None
+        # What other threads claimed since the hand-over counts against --max-messages too.
+        limit = self.ledger.room(claim.limit, claim.max_messages) if claim is not None else 0
         try:
-            if claimant is None or claimant.claim is None:
+            if claimant is None or claim is None or limit <= 0:
                 held = self.writer.until_written(
                     lambda: Message.objects.ack_many(messages, worker=self.name, results=results),
                     f"acknowledging {len(messages)} messages",
                 )
             else:
-                held = self._ack_then_claim(claimant, claimant.claim, messages, results)
+                held = self._ack_then_claim(claimant, claim, limit, messages, results)
         except GaveUp as exc:  # still in the ledger: the worker row stays, and the reaper gives them back
             logger.warning("worker %s: acks of messages %s not written (%s)", self.name, [m.pk for m in messages], exc)
             self._done(handovers)
@@ -206,7 +209,7 @@ class Completer:
         self._done(handovers)
 
     def _ack_then_claim(
-        self, claimant: Handover, claim: ClaimAfter, messages: list[Message], results: dict[int, Any]
+        self, claimant: Handover, claim: ClaimAfter, limit: int, messages: list[Message], results: dict[int, Any]
     ) -> list[bool | None]:
         """The acks with ``claimant``'s claim after them (`Claiming.ack_then_claim`), under one claim token
         for every try: a try whose reply was lost is answered by the leases under it. The slot's acks are in
@@ -214,13 +217,6 @@ class Completer:
         token leased is read back and held all the same (best effort: else those leases expire)."""
         token = uuid.uuid4().hex
         tries = 0
-        # What other threads claimed since the hand-over counts against --max-messages too.
-        limit = self.ledger.room(claim.limit, claim.max_messages)
-        if limit <= 0:
-            return self.writer.until_written(
-                lambda: Message.objects.ack_many(messages, worker=self.name, results=results),
-                f"acknowledging {len(messages)} messages",
-            )
 
         def write() -> tuple[list[bool | None], list[Message]]:
             nonlocal tries

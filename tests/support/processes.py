@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ def child_env(**extra: str) -> dict[str, str]:
     env["DBQUEUE_TEST_DATABASE_NAME"] = str(connection.settings_dict["NAME"])
     env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack: see stop()
     env.update(extra)
     return env
 
@@ -53,6 +55,24 @@ def results(processes: list[subprocess.Popen[str]], timeout: float = 600) -> lis
         assert process.returncode == 0, f"child exited {process.returncode}:\n{stderr[-4000:]}"
         out.append(json.loads(stdout.strip().splitlines()[-1]))
     return out
+
+
+def stop(process: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
+    """SIGTERM ``process`` and wait for it; one that overstays is aborted, so its threads' stacks
+    (faulthandler) are in the failure, and it cannot go on serving the next test's queue."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        try:
+            _, err = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, err = process.communicate()
+        raise AssertionError(
+            f"process {process.pid} still ran {timeout}s after SIGTERM; its log:\n{err[-20000:]}"
+        ) from None
 
 
 def start_command(*argv: object, **env: str) -> subprocess.Popen[str]:
