@@ -384,3 +384,20 @@ def test_an_error_after_the_acks_committed_still_hands_over_what_their_claim_too
     assert ran == names
     assert ArchivedMessage.objects.filter(outcome=Outcome.ACKED).count() == 3
     assert not Message.objects.exists()
+
+
+def test_a_step_on_a_queue_named_in_another_case_is_not_claimed_in_the_acks():
+    """Queue names are compared exactly on every database (docs/design.md, decision 9): a step on
+    'WF-NEXT' released by an ack on 'wf-next' is not taken by a claim for 'wf-next', and the one after
+    it, back on 'wf-next', waits for it."""
+    workflow = Workflow("cases")
+    workflow.chain(Step("a", Q, {}), Step("b", Q.upper(), {}), Step("c", Q, {}))
+    workflow.enqueue()
+    answers, taken = ack_then_claim([root_of()], [Q])
+    assert answers == [True] and taken == []
+    (b,) = Message.objects.filter(queue=Q.upper())
+    assert b.lease_token is None and step_name(b) == "b"
+    assert not Message.objects.filter(queue=Q).exists()
+    (b,) = django_dbqueue.claim(Q.upper(), 1, worker=WORKER)
+    answers, taken = ack_then_claim([b], [Q, Q.upper()])
+    assert answers == [True] and [(m.queue, step_name(m)) for m in taken] == [(Q, "c")]
