@@ -33,15 +33,12 @@ selects the long run whose result docs/reliability.md records.
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.db.models import F
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -49,7 +46,6 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 import django_dbqueue
@@ -60,6 +56,7 @@ from django_dbqueue.exceptions import NotClaimed
 from django_dbqueue.models import ArchivedMessage, FlowGroup, Message, RateSlot, UniqueWindow, flow
 from django_dbqueue.models.timetravel import shift_back
 from django_dbqueue.reaper import Reaper
+from tests.support.machines import Profiles, run_machine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,12 +66,11 @@ QUEUES = ["pp-plain", "pp-groups", "pp-fifo", "pp-rate", "pp-rate-group", "pp-gr
 TOPIC = "pp-news"  # subscribers: pp-fifo, pp-plain (tests/settings.py)
 TOPIC_QUEUES = ["pp-fifo", "pp-plain"]
 
-PROFILES = {
+PROFILES: Profiles = {
     # name: (max_examples, stateful_step_count) per database vendor
     "ci": {"sqlite": (40, 50), "mysql": (25, 50), "postgresql": (25, 50)},
     "long": {"sqlite": (200, 50), "mysql": (200, 50), "postgresql": (200, 50)},
 }
-PROFILE = os.environ.get("DBQUEUE_PROPERTIES", "ci")
 
 
 # --- the model -----------------------------------------------------------------------------
@@ -679,13 +675,4 @@ def test_the_queue_keeps_its_documented_promises_under_random_steps(monkeypatch)
     # step, so the examples' few messages exercise what a backlog of thousands does (docs/flow-control.md).
     for name, value in {"EXTRA_CANDIDATES": 0, "FIRST_SCAN": 1, "MIN_SCAN": 1, "SCAN": 2}.items():
         monkeypatch.setattr(flow, name, value)
-    examples, steps = PROFILES[PROFILE][connection.vendor]
-    run_state_machine_as_test(
-        QueueMachine,
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=steps,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ),
-    )
+    run_machine(QueueMachine, PROFILES)

@@ -457,6 +457,54 @@ def test_replaying_a_dead_step_resumes_the_workflow():
     assert (status["state"], status["outcome"]) == ("finished", "succeeded")
 
 
+def test_replaying_a_step_whose_end_a_child_tolerated_makes_the_child_wait_for_it_again():
+    """Found by tests/test_workflow_properties.py: 'join' tolerates a's dead letter and waits for b. After a's
+    replay, a's second end must not count twice: 'join' still waits for b."""
+    workflow = Workflow("tolerant")
+    workflow.add("a", Q, max_attempts=1)
+    workflow.add("b", Q)
+    workflow.add("join", Q, after=[Dep("a", ignore_dead=True), "b"])
+    run = workflow.enqueue()
+    b = take("b")
+    take("a").fail("boom", retry=False)
+    replay(ArchivedMessage.objects.get(outcome=Outcome.DEAD))
+    assert WorkflowStep.objects.get(workflow=run, name="join").pending == 2
+    take("a").ack()
+    assert ready() == []  # join waits for b, still running
+    b.ack()
+    take("join").ack()
+    status = Workflow.status(run.pk)
+    assert (status["state"], status["outcome"]) == ("finished", "succeeded")
+
+
+def test_a_replay_leaves_cancelled_a_step_that_another_dependency_still_dooms():
+    """Found by tests/test_workflow_properties.py: 'join' was cancelled by a's dead letter, and b died too.
+    Replaying a must not make 'join' wait for ever on the dead b: it stays cancelled, now for b, and b's own
+    replay brings it back."""
+    workflow = Workflow("doomed twice")
+    workflow.add("a", Q, max_attempts=1)
+    workflow.add("b", Q, max_attempts=1)
+    workflow.add("join", Q, after=["a", "b"])
+    workflow.add("after", Q, after=["join"])
+    run = workflow.enqueue()
+    take("a").fail("boom", retry=False)
+    take("b").fail("boom", retry=False)
+    replay(ArchivedMessage.objects.get(outcome=Outcome.DEAD, headers__dbqueue_step=[run.pk, "a"]))
+    steps = {s["name"]: (s["state"], s["reason"]) for s in Workflow.status(run.pk)["steps"]}
+    assert steps["join"] == ("cancelled", "dependency 'b' ended dead")
+    assert steps["after"] == ("cancelled", "dependency 'b' ended cancelled")
+    take("a").ack()
+    status = Workflow.status(run.pk)
+    assert (status["state"], status["outcome"]) == ("finished", "failed")  # nothing waits for ever
+    replay(ArchivedMessage.objects.get(outcome=Outcome.DEAD, headers__dbqueue_step=[run.pk, "b"]))
+    assert [s["state"] for s in Workflow.status(run.pk)["steps"]] == ["acked", "enqueued", "waiting", "waiting"]
+    take("b").ack()
+    take("join").ack()
+    take("after").ack()
+    status = Workflow.status(run.pk)
+    assert (status["state"], status["outcome"]) == ("finished", "succeeded")
+
+
 # --- results' bounds ------------------------------------------------------------------------
 
 

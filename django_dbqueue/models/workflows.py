@@ -25,7 +25,7 @@ from typing import Any, Self
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, models, transaction
-from django.db.models import Count, Exists, OuterRef
+from django.db.models import Count, Exists, F, OuterRef
 
 from .. import signals
 from ..db.clock import DbNow
@@ -505,9 +505,8 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
             if outcome == Outcome.ACKED or outcome in ignore.split(","):
                 go[child] += 1
             else:
-                origin = cause or parent
-                reason = f"dependency {origin!r} ended {outcome if origin == parent else 'cancelled'}"
-                stop[child] = min(stop.get(child, (origin, reason)), (origin, reason))
+                doom = _doom(parent, outcome, cause)
+                stop[child] = min(stop.get(child, doom), doom)
         children = [
             (step, go[name])
             for name, step in locked.items()
@@ -537,6 +536,13 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
             failed += len(doomed)
     _close(using, workflow_id, closed, failed)
     return released
+
+
+def _doom(parent: str, outcome: str, cause: str | None) -> tuple[str, str]:
+    """(origin, reason) of a child that ``parent``'s ``outcome`` cancels: the origin is the step whose end
+    began the cascade (``cause``, when the parent was itself cancelled by one), else the parent."""
+    origin = cause or parent
+    return origin, f"dependency {origin!r} ended {outcome if origin == parent else 'cancelled'}"
 
 
 def _release(using: str, children: list[tuple[WorkflowStep, int]]) -> tuple[list[str], list[LiveMessage]]:
@@ -710,29 +716,56 @@ def cancel_waiting(using: str, workflow_id: int, by: str) -> list[int]:
 
 def reopen(using: str, headers: Any, old_message_id: int, new_message_id: int) -> None:
     """A replay of a step's message (inside the replay's transaction): the step is enqueued again as the new
-    message, and the steps its failure cancelled wait again, so that the workflow continues from it."""
+    message, and the steps its failure cancelled wait again, so that the workflow continues from it; one
+    that another dependency's end still dooms stays cancelled, for that end."""
     ref = step_ref(headers)
     if ref is None:
         return
     workflow_id, name = ref
     steps = WorkflowStep.objects.using(using).filter(workflow_id=workflow_id)
-    if (
-        steps.filter(name=name, message_id=old_message_id, state__in=IGNORABLE).update(
-            state=StepState.ENQUEUED, message_id=new_message_id, reason="", result=None, finished_at=None
-        )
-        != 1
-    ):
+    ended = (
+        steps.select_for_update()
+        .filter(name=name, message_id=old_message_id, state__in=IGNORABLE)
+        .values_list("state", flat=True)
+        .first()
+    )
+    if ended is None:
         return
-    doomed = list(steps.select_for_update().filter(cause=name, state=StepState.CANCELLED).order_by("position"))
+    steps.filter(name=name).update(
+        state=StepState.ENQUEUED, message_id=new_message_id, reason="", result=None, finished_at=None
+    )
     edges = WorkflowEdge.objects.using(using).filter(workflow_id=workflow_id)
-    for step in doomed:
+    # The waiting children that tolerated its end counted it as settled: it is open again, so they wait for
+    # it again (else its second end would count twice, and they could run before their other dependencies).
+    tolerant = [
+        child for child, ignore in edges.filter(parent=name).values_list("child", "ignore") if _satisfied(ended, ignore)
+    ]
+    if tolerant:
+        steps.filter(name__in=tolerant, state=StepState.WAITING).update(pending=F("pending") + 1)
+    doomed = list(steps.select_for_update().filter(cause=name, state=StepState.CANCELLED).order_by("position"))
+    reopened = 1
+    for step in doomed:  # in position order: a step's parents are decided before it
         parents = list(edges.filter(child=step.name).values_list("parent", "ignore"))
-        states = dict(steps.filter(name__in=[p for p, _ in parents]).values_list("name", "state"))
-        pending = sum(1 for parent, ignore in parents if not _satisfied(states.get(parent, ""), ignore))
+        ends = {
+            n: (state, cause)
+            for n, state, cause in steps.filter(name__in=[p for p, _ in parents]).values_list("name", "state", "cause")
+        }
+        # Another parent that ended as it does not tolerate dooms it still: it stays cancelled, now
+        # for that parent's end (whose own replay would bring it back); nothing waits for ever.
+        dooms = sorted(
+            _doom(parent, *ends[parent])
+            for parent, ignore in parents
+            if parent in ends and ends[parent][0] not in OPEN and not _satisfied(ends[parent][0], ignore)
+        )
+        if dooms:
+            origin, reason = dooms[0]
+            steps.filter(pk=step.pk).update(cause=origin, reason=reason)
+            continue
+        pending = sum(1 for parent, ignore in parents if not _satisfied(ends.get(parent, ("", None))[0], ignore))
         steps.filter(pk=step.pk).update(
             state=StepState.WAITING, pending=pending, cause=None, reason="", finished_at=None
         )
-    reopened = 1 + len(doomed)
+        reopened += 1
     runs = WorkflowRun.objects.using(using)
     run = runs.select_for_update().get(pk=workflow_id)
     runs.filter(pk=workflow_id).update(

@@ -1,0 +1,28 @@
+"""Running the stateful property tests (Hypothesis state machines) with a profile per database."""
+
+from __future__ import annotations
+
+import os
+
+from django.db import connection
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+
+# ``DBQUEUE_PROPERTIES=long`` selects the long runs docs/reliability.md records; ``ci`` is the default.
+PROFILE = os.environ.get("DBQUEUE_PROPERTIES", "ci")
+
+Profiles = dict[str, dict[str, tuple[int, int]]]  # profile -> vendor -> (max_examples, stateful_step_count)
+
+
+def run_machine(machine: type[RuleBasedStateMachine], profiles: Profiles) -> None:
+    """Run ``machine`` for the selected profile's examples and steps on this test database."""
+    examples, steps = profiles[PROFILE][connection.vendor]
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )

@@ -1,0 +1,424 @@
+"""A stateful property test of workflows: random graphs, claims, outcomes and cancels against a model of the docs.
+
+Hypothesis declares random workflows (up to six steps, each after any of
+the earlier ones, each dependency with its own policy, steps on two
+queues), then drives claims, acks, dead letters, batches of acks with the
+worker's claim in their transaction (`Claiming.ack_then_claim`), cancels
+of queued steps and of whole workflows, and replays of failed steps. A
+plain Python model of docs/workflows.md ("The model", "Policies",
+"Status, cancel, replay") says what each step makes of the graph, and
+after every step the database must agree:
+
+- each step is in the state the model says (waiting, enqueued, acked,
+  dead, cancelled), with the reason naming the dependency that doomed it;
+- a step's message exists exactly while the step is enqueued, and no step
+  was ever enqueued twice but by a replay;
+- each workflow's open and failed counts, state and outcome match;
+- a claim takes only ready steps' messages, as many as it may; the claim in
+  acks claims only when those acks released a step on its queues, and
+  then as a claim would.
+
+The model settles a batch's steps in waves, as the join does: a child that
+one parent of the batch lets go and another dooms is doomed, with the
+smallest (origin, reason) of those that doom it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+import django_dbqueue
+from django_dbqueue import Dep, Workflow, control
+from django_dbqueue.models import (
+    ArchivedMessage,
+    Message,
+    WorkflowEdge,
+    WorkflowRun,
+    WorkflowStep,
+)
+from tests.support.machines import Profiles, run_machine
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUEUES = ["wp-a", "wp-b"]  # plain queues: the claim in acks is made only where no flow rule applies
+WORKER = "wp-worker"
+POLICIES = [frozenset(), frozenset({"dead"}), frozenset({"cancelled"}), frozenset({"dead", "cancelled"})]
+SETTLED = ("acked", "dead", "cancelled")
+
+PROFILES: Profiles = {
+    # name: (max_examples, stateful_step_count) per database vendor
+    "ci": {"sqlite": (30, 40), "mysql": (20, 40), "postgresql": (20, 40)},
+    "long": {"sqlite": (200, 50), "mysql": (200, 50), "postgresql": (200, 50)},
+}
+
+
+@dataclass
+class StepModel:
+    name: str
+    queue: str
+    parents: dict[str, frozenset[str]]  # parent -> the outcomes this step tolerates besides acked
+    children: list[str] = field(default_factory=list)
+    state: str = "waiting"
+    pending: int = 0
+    cause: str | None = None
+    reason: str = ""
+    message_id: int | None = None
+    enqueued: int = 0  # how many times it was enqueued (a replay enqueues it again)
+
+
+@dataclass
+class RunModel:
+    id: int
+    steps: dict[str, StepModel]
+    open: int
+    failed: int = 0
+    cancelled: bool = False
+
+    def state(self) -> str:
+        return "finished" if self.open == 0 else "running"
+
+    def outcome(self) -> str:
+        if self.cancelled:
+            return "cancelled"
+        if self.open:
+            return ""
+        return "failed" if self.failed else "succeeded"
+
+
+def doom(parent: str, outcome: str, cause: str | None) -> tuple[str, str]:
+    """(origin, reason) of a step that ``parent``'s end cancels (docs/workflows.md, "Policies")."""
+    origin = cause or parent
+    return origin, f"dependency {origin!r} ended {outcome if origin == parent else 'cancelled'}"
+
+
+@st.composite
+def graphs(draw):
+    """Steps ``s0``..``sN``: each on a queue, after a random set of earlier steps, each edge with a policy."""
+    size = draw(st.integers(min_value=1, max_value=6))
+    steps = []
+    for i in range(size):
+        parents = {}
+        for j in range(i):
+            if draw(st.booleans()):
+                parents[f"s{j}"] = draw(st.sampled_from(POLICIES))
+        steps.append((f"s{i}", draw(st.sampled_from(QUEUES)), parents))
+    return steps
+
+
+def empty_tables() -> None:
+    for model in (Message, ArchivedMessage, WorkflowEdge, WorkflowStep, WorkflowRun):
+        model.objects.all().delete()
+
+
+class WorkflowMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        empty_tables()
+        self.runs: dict[int, RunModel] = {}
+        self.handles: list[Message] = []  # claimed, not yet finished
+        self.cancelled = False
+
+    # --- the model ---
+
+    def step_of(self, message_id: int) -> tuple[RunModel, StepModel]:
+        for run in self.runs.values():
+            for step in run.steps.values():
+                if step.message_id == message_id and step.state == "enqueued":
+                    return run, step
+        raise AssertionError(f"message {message_id} is no enqueued step's")
+
+    def enqueue_step(self, step: StepModel) -> None:
+        step.state = "enqueued"
+        step.enqueued += 1
+        step.message_id = None  # read from its row (`learn_ids`)
+
+    def settle(self, finished: list[tuple[int, str]]) -> list[StepModel]:
+        """Steps' messages finished (message id, outcome), in one transaction: their steps settle, and
+        their children are decided in waves (models/workflows.py `_propagate`). Returns the steps
+        enqueued."""
+        released: list[StepModel] = []
+        by_run: dict[int, list[tuple[StepModel, str]]] = {}
+        for message_id, outcome in finished:
+            run, step = self.step_of(message_id)
+            by_run.setdefault(run.id, []).append((step, outcome))
+        for run_id in sorted(by_run):
+            run = self.runs[run_id]
+            wave: list[tuple[str, str, str | None]] = []
+            for step, outcome in by_run[run_id]:
+                step.state = outcome
+                wave.append((step.name, outcome, None))
+            run.open -= len(wave)
+            run.failed += sum(1 for _, outcome, _ in wave if outcome != "acked")
+            while wave:
+                outcomes = {name: (outcome, cause) for name, outcome, cause in wave}
+                go: dict[str, int] = {}
+                stop: dict[str, tuple[str, str]] = {}
+                for parent in sorted(outcomes):
+                    outcome, cause = outcomes[parent]
+                    for child in run.steps[parent].children:
+                        if outcome == "acked" or outcome in run.steps[child].parents[parent]:
+                            go[child] = go.get(child, 0) + 1
+                        else:
+                            stop[child] = min(
+                                stop.get(child, doom(parent, outcome, cause)), doom(parent, outcome, cause)
+                            )
+                wave = []
+                for name, n in go.items():
+                    child = run.steps[name]
+                    if name in stop or child.state != "waiting":
+                        continue
+                    child.pending -= n
+                    assert child.pending >= 0
+                    if child.pending == 0:
+                        self.enqueue_step(child)
+                        released.append(child)
+                for name, (origin, reason) in sorted(stop.items()):
+                    child = run.steps[name]
+                    if child.state == "waiting":
+                        child.state, child.cause, child.reason = "cancelled", origin, reason
+                        wave.append((name, "cancelled", origin))
+                run.open -= len(wave)
+                run.failed += len(wave)
+        return released
+
+    def learn_ids(self) -> None:
+        """The message ids of steps the model enqueued, read from their rows (the model cannot know them)."""
+        for run in self.runs.values():
+            unknown = [s for s in run.steps.values() if s.state == "enqueued" and s.message_id is None]
+            if not unknown:
+                continue
+            rows = dict(
+                WorkflowStep.objects.filter(workflow_id=run.id, name__in=[s.name for s in unknown]).values_list(
+                    "name", "message_id"
+                )
+            )
+            for step in unknown:
+                assert rows.get(step.name) is not None, (
+                    f"step {step.name} of {run.id}: no message; the model enqueued it"
+                )
+                step.message_id = rows[step.name]
+
+    def ready(self, queues: list[str]) -> set[int]:
+        claimed = {h.pk for h in self.handles}
+        return {
+            s.message_id
+            for run in self.runs.values()
+            for s in run.steps.values()
+            if s.state == "enqueued" and s.queue in queues and s.message_id not in claimed
+        }
+
+    def ended(self) -> list[tuple[int, str]]:
+        """Steps whose message ended dead or cancelled (a replay can bring them back)."""
+        return sorted(
+            (run.id, s.name)
+            for run in self.runs.values()
+            for s in run.steps.values()
+            if s.state == "dead" or (s.state == "cancelled" and s.message_id is not None)
+        )
+
+    # --- producers ---
+
+    @initialize(data=st.data())
+    def first_workflow(self, data):
+        self.enqueue_workflow(data)
+
+    @rule(data=st.data())
+    def act(self, data):
+        """One operation, drawn among those that can act now: claims and finishing steps the most often."""
+        choices = []
+        if self.ready(QUEUES):
+            choices += ["claim", "claim", "cancel_queued"]
+        if self.handles:
+            choices += ["finish", "finish", "ack_then_claim", "ack_then_claim"]
+        if self.ended():
+            choices.append("replay")
+        if not self.cancelled and any(run.open for run in self.runs.values()):
+            choices.append("cancel_workflow")
+        if len(self.runs) < 5:
+            choices.append("enqueue_workflow")
+        if choices:
+            getattr(self, data.draw(st.sampled_from(choices), label="operation"))(data)
+
+    def enqueue_workflow(self, data):
+        graph = data.draw(graphs(), label="graph")
+        everywhere = data.draw(st.sampled_from([frozenset(), frozenset({"dead"})]), label="workflow policy")
+        workflow = Workflow("props", ignore_dead="dead" in everywhere)
+        steps: dict[str, StepModel] = {}
+        for name, queue, parents in graph:
+            workflow.add(
+                name,
+                queue,
+                {"step": name},
+                after=[
+                    Dep(p, ignore_dead="dead" in ign, ignore_cancelled="cancelled" in ign) for p, ign in parents.items()
+                ],
+            )
+            steps[name] = StepModel(name, queue, {p: ign | everywhere for p, ign in parents.items()})
+            steps[name].pending = len(parents)
+            for parent in parents:
+                steps[parent].children.append(name)
+        run_id = workflow.enqueue().pk
+        run = self.runs[run_id] = RunModel(run_id, steps, open=len(steps))
+        for step in steps.values():
+            if not step.parents:
+                self.enqueue_step(step)
+        self.learn_ids()
+        assert run.open == len(graph)
+
+    # --- consumers ---
+
+    def claim(self, data):
+        queue = data.draw(st.sampled_from(QUEUES), label="queue")
+        limit = data.draw(st.sampled_from([1, 2, 3]), label="limit")
+        ready = self.ready([queue])
+        claimed = django_dbqueue.claim(queue, limit, worker=WORKER)
+        got = {m.pk for m in claimed}
+        assert len(got) == len(claimed) == min(limit, len(ready)), f"claim({queue}, {limit}) took {got} of {ready}"
+        assert got <= ready, f"claim({queue}, {limit}) took {got}; only {ready} are ready"
+        self.handles += claimed
+
+    def finish(self, data):
+        handle = self.handles.pop(data.draw(st.integers(0, len(self.handles) - 1), label="handle"))
+        dead = data.draw(st.booleans(), label="dead")
+        done = handle.fail("boom", retry=False) if dead else handle.ack()
+        assert done is True
+        self.settle([(handle.pk, "dead" if dead else "acked")])
+        self.learn_ids()
+
+    def ack_then_claim(self, data):
+        """A worker's batch of acks with its claim (the completer's): the claim only where they released a step."""
+        indices = st.lists(st.integers(0, len(self.handles) - 1), min_size=1, max_size=4, unique=True)
+        picked = sorted(data.draw(indices, label="handles"))
+        queues = data.draw(st.sampled_from([QUEUES, QUEUES[:1], QUEUES[1:]]), label="queues")
+        limit = data.draw(st.sampled_from([1, 2, 5]), label="limit")
+        batch = [self.handles[i] for i in picked]
+        self.handles = [h for i, h in enumerate(self.handles) if i not in picked]
+        answers, taken = Message.objects.ack_then_claim(batch, queues, limit, worker=WORKER, visibility_timeout=300)
+        assert answers == [True] * len(batch)
+        released = self.settle([(h.pk, "acked") for h in batch])
+        self.learn_ids()
+        ready = self.ready(queues)
+        got = {m.pk for m in taken}
+        if any(step.queue in queues for step in released):
+            assert len(got) == len(taken) == min(limit, len(ready)), f"claimed {got} of {ready} after acks"
+            assert got <= ready
+        else:
+            assert taken == [], f"acks that released nothing on {queues} claimed {got}"
+        self.handles += taken
+
+    # --- operators ---
+
+    def cancel_queued(self, data):
+        """Cancel a step's queued message (archived as cancelled at once), or ask a running one to stop."""
+        live = sorted(s.message_id for run in self.runs.values() for s in run.steps.values() if s.state == "enqueued")
+        if not live:
+            return
+        message_id = data.draw(st.sampled_from(live), label="message")
+        result = control.cancel(message_id, by="ops")
+        if message_id in {h.pk for h in self.handles}:
+            assert result == control.CancelResult.REQUESTED
+            return
+        assert result == control.CancelResult.ARCHIVED, f"cancel of queued step message {message_id}: {result!r}"
+        self.settle([(message_id, "cancelled")])
+        self.learn_ids()
+
+    def cancel_workflow(self, data):
+        """Cancel a running workflow (once an example: a cancelled workflow has little left to test)."""
+        self.cancelled = True
+        running_runs = sorted(run.id for run in self.runs.values() if run.open)
+        run = self.runs[data.draw(st.sampled_from(running_runs), label="workflow")]
+        running = {h.pk for h in self.handles}
+        waiting = [s for s in run.steps.values() if s.state == "waiting"]
+        live = [s.message_id for s in run.steps.values() if s.state == "enqueued"]
+        assert Workflow.cancel(run.id, by="ops") == len(live)
+        if run.state() == "running":
+            run.cancelled = True
+        for step in waiting:
+            step.state, step.reason = "cancelled", "workflow cancelled by ops"
+        run.open -= len(waiting)
+        run.failed += len(waiting)
+        self.settle([(pk, "cancelled") for pk in live if pk not in running])
+        self.learn_ids()
+
+    def replay(self, data):
+        """Replay a dead or cancelled step's message: the step is enqueued again, and the steps its end doomed
+        wait again."""
+        run_id, name = data.draw(st.sampled_from(self.ended()), label="step")
+        run, step = self.runs[run_id], self.runs[run_id].steps[name]
+        archived = ArchivedMessage.objects.get(message_id=step.message_id)
+        control.replay(archived, by="ops")
+        for child in step.children:  # a child that tolerated its end waits for it again
+            if run.steps[child].state == "waiting" and step.state in run.steps[child].parents[name]:
+                run.steps[child].pending += 1
+        step.state, step.reason, step.message_id = "enqueued", "", None
+        step.enqueued += 1
+        doomed = [s for s in run.steps.values() if s.state == "cancelled" and s.cause == name]
+        reopened = 1
+        for child in doomed:  # in declaration order: parents first
+            ends = {parent: run.steps[parent] for parent in child.parents}
+            dooms = sorted(
+                doom(parent, end.state, end.cause)
+                for parent, end in ends.items()
+                if end.state in SETTLED and end.state != "acked" and end.state not in child.parents[parent]
+            )
+            if dooms:  # another dependency's end still dooms it
+                child.cause, child.reason = dooms[0]
+                continue
+            child.state, child.cause, child.reason = "waiting", None, ""
+            child.pending = sum(1 for end in ends.values() if end.state not in SETTLED)
+            reopened += 1
+        run.open += reopened
+        run.failed = max(run.failed - reopened, 0)
+        self.learn_ids()
+
+    # --- what must hold after every step ---
+
+    @invariant()
+    def the_database_agrees(self):
+        if not self.runs:
+            return
+        rows = {
+            (r["workflow_id"], r["name"]): r
+            for r in WorkflowStep.objects.values("workflow_id", "name", "state", "message_id", "reason", "pending")
+        }
+        live = set(Message.objects.values_list("pk", flat=True))
+        expected_live = set()
+        enqueued = Counter(
+            tuple(headers["dbqueue_step"])
+            for model in (Message, ArchivedMessage)
+            for headers in model.objects.values_list("headers", flat=True)
+        )
+        for run in self.runs.values():
+            for step in run.steps.values():
+                row = rows[(run.id, step.name)]
+                assert row["state"] == step.state, f"step {step.name} of {run.id}: {row}, the model says {step}"
+                if step.state == "waiting":
+                    assert row["pending"] == step.pending, f"step {step.name} of {run.id}: {row}, model {step}"
+                if step.state == "cancelled" and step.cause is not None:
+                    assert row["reason"] == step.reason, f"step {step.name} of {run.id}: {row}, model {step}"
+                if step.state == "enqueued":
+                    assert row["message_id"] == step.message_id
+                    expected_live.add(step.message_id)
+                times = enqueued[(run.id, step.name)]
+                assert times == step.enqueued, (
+                    f"step {step.name} of {run.id}: enqueued {times} times, not {step.enqueued}"
+                )
+                if step.state == "waiting":  # nothing waits for ever: each parent may still let it go
+                    for parent, ignored in step.parents.items():
+                        end = run.steps[parent].state
+                        assert end in ("waiting", "enqueued", "acked", *ignored), (
+                            f"step {step.name} of {run.id} waits after {parent}, which ended {end}"
+                        )
+            got = WorkflowRun.objects.filter(pk=run.id).values("open_steps", "failed_steps", "state", "outcome").get()
+            want = {"open_steps": run.open, "failed_steps": run.failed, "state": run.state(), "outcome": run.outcome()}
+            assert got == want, f"workflow {run.id}: {got}, the model says {want}"
+        assert live == expected_live, f"live messages {sorted(live)}, the model says {sorted(expected_live)}"
+
+
+def test_workflows_keep_their_documented_promises_under_random_steps():
+    run_machine(WorkflowMachine, PROFILES)
