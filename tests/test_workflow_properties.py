@@ -69,6 +69,8 @@ class StepModel:
     reason: str = ""
     message_id: int | None = None
     enqueued: int = 0  # how many times it was enqueued (a replay enqueues it again)
+    key: str | None = None  # its message's key (unique while live, per queue)
+    holder: StepModel | None = None  # the step whose live message held its key when it became ready
 
 
 @dataclass
@@ -96,6 +98,10 @@ def doom(parent: str, outcome: str, cause: str | None) -> tuple[str, str]:
     return origin, f"dependency {origin!r} ended {outcome if origin == parent else 'cancelled'}"
 
 
+# Keys that differ only in case are two keys (docs/design.md, decision 9).
+keys = st.sampled_from([None, None, None, "k", "K"])
+
+
 @st.composite
 def graphs(draw):
     """Steps ``s0``..``sN``: each on a queue, after a random set of earlier steps, each edge with a policy."""
@@ -106,7 +112,7 @@ def graphs(draw):
         for j in range(i):
             if draw(st.booleans()):
                 parents[f"s{j}"] = draw(st.sampled_from(POLICIES))
-        steps.append((f"s{i}", draw(st.sampled_from(QUEUES)), parents))
+        steps.append((f"s{i}", draw(st.sampled_from(QUEUES)), parents, draw(keys)))
     return steps
 
 
@@ -139,51 +145,77 @@ class WorkflowMachine(RuleBasedStateMachine):
 
     def settle(self, finished: list[tuple[int, str]]) -> list[StepModel]:
         """Steps' messages finished (message id, outcome), in one transaction: their steps settle, and
-        their children are decided in waves (models/workflows.py `_propagate`). Returns the steps
-        enqueued."""
+        their children are decided in waves, one workflow after another (models/workflows.py
+        `settle_many`). Every message of the batch has left the live table first, so none of them holds
+        its key any more. Returns the steps enqueued."""
+        ended = [(*self.step_of(message_id), outcome) for message_id, outcome in finished]
+        by_run: dict[int, list[tuple[str, str, str | None]]] = {}
+        for run, step, outcome in ended:
+            step.state = outcome
+            by_run.setdefault(run.id, []).append((step.name, outcome, None))
         released: list[StepModel] = []
-        by_run: dict[int, list[tuple[StepModel, str]]] = {}
-        for message_id, outcome in finished:
-            run, step = self.step_of(message_id)
-            by_run.setdefault(run.id, []).append((step, outcome))
         for run_id in sorted(by_run):
-            run = self.runs[run_id]
-            wave: list[tuple[str, str, str | None]] = []
-            for step, outcome in by_run[run_id]:
-                step.state = outcome
-                wave.append((step.name, outcome, None))
+            run, wave = self.runs[run_id], by_run[run_id]
             run.open -= len(wave)
             run.failed += sum(1 for _, outcome, _ in wave if outcome != "acked")
-            while wave:
-                outcomes = {name: (outcome, cause) for name, outcome, cause in wave}
-                go: dict[str, int] = {}
-                stop: dict[str, tuple[str, str]] = {}
-                for parent in sorted(outcomes):
-                    outcome, cause = outcomes[parent]
-                    for child in run.steps[parent].children:
-                        if outcome == "acked" or outcome in run.steps[child].parents[parent]:
-                            go[child] = go.get(child, 0) + 1
-                        else:
-                            stop[child] = min(
-                                stop.get(child, doom(parent, outcome, cause)), doom(parent, outcome, cause)
-                            )
-                wave = []
-                for name, n in go.items():
-                    child = run.steps[name]
-                    if name in stop or child.state != "waiting":
-                        continue
-                    child.pending -= n
-                    assert child.pending >= 0
-                    if child.pending == 0:
-                        self.enqueue_step(child)
-                        released.append(child)
-                for name, (origin, reason) in sorted(stop.items()):
-                    child = run.steps[name]
-                    if child.state == "waiting":
-                        child.state, child.cause, child.reason = "cancelled", origin, reason
-                        wave.append((name, "cancelled", origin))
-                run.open -= len(wave)
-                run.failed += len(wave)
+            released += self.propagate(run, wave)
+        return released
+
+    def release(self, run: RunModel, ready: list[StepModel]) -> tuple[list[StepModel], list[StepModel]]:
+        """Enqueue ``ready`` steps in position order: a keyed one whose key a live message holds (one
+        enqueued just before it too) is cancelled instead. Returns (refused, enqueued)."""
+        refused, enqueued = [], []
+        order = list(run.steps)  # declaration order: the steps' positions
+        for step in sorted(ready, key=lambda s: order.index(s.name)):
+            holder = step.key and self.key_holder(step.queue, step.key)
+            if holder:
+                step.state, step.pending, step.holder = "cancelled", 0, holder
+                refused.append(step)
+            else:
+                self.enqueue_step(step)
+                enqueued.append(step)
+        return refused, enqueued
+
+    def key_holder(self, queue: str, key: str) -> StepModel | None:
+        for run in self.runs.values():
+            for step in run.steps.values():
+                if step.state == "enqueued" and step.queue == queue and step.key == key:
+                    return step
+        return None
+
+    def propagate(self, run: RunModel, wave: list[tuple[str, str, str | None]]) -> list[StepModel]:
+        """Decide the children of the steps settled in ``wave``, wave after wave; returns those enqueued."""
+        released: list[StepModel] = []
+        while wave:
+            outcomes = {name: (outcome, cause) for name, outcome, cause in wave}
+            go: dict[str, int] = {}
+            stop: dict[str, tuple[str, str]] = {}
+            for parent in sorted(outcomes):
+                outcome, cause = outcomes[parent]
+                for child in run.steps[parent].children:
+                    if outcome == "acked" or outcome in run.steps[child].parents[parent]:
+                        go[child] = go.get(child, 0) + 1
+                    else:
+                        stop[child] = min(stop.get(child, doom(parent, outcome, cause)), doom(parent, outcome, cause))
+            ready = []
+            for name, n in go.items():
+                child = run.steps[name]
+                if name in stop or child.state != "waiting":
+                    continue
+                child.pending -= n
+                assert child.pending >= 0
+                if child.pending == 0:
+                    ready.append(child)
+            refused, enqueued = self.release(run, ready)
+            released += enqueued
+            wave = [(step.name, "cancelled", None) for step in refused]
+            for name, (origin, reason) in sorted(stop.items()):
+                child = run.steps[name]
+                if child.state == "waiting":
+                    child.state, child.cause, child.reason = "cancelled", origin, reason
+                    wave.append((name, "cancelled", origin))
+            run.open -= len(wave)
+            run.failed += len(wave)
         return released
 
     def learn_ids(self) -> None:
@@ -213,12 +245,14 @@ class WorkflowMachine(RuleBasedStateMachine):
         }
 
     def ended(self) -> list[tuple[int, str]]:
-        """Steps whose message ended dead or cancelled (a replay can bring them back)."""
+        """Steps whose message ended dead or cancelled (a replay can bring them back); keyed ones are left
+        out (a replay of a keyed message goes through the key's rules, which this model leaves to
+        tests/test_workflow_composition.py)."""
         return sorted(
             (run.id, s.name)
             for run in self.runs.values()
             for s in run.steps.values()
-            if s.state == "dead" or (s.state == "cancelled" and s.message_id is not None)
+            if s.key is None and (s.state == "dead" or (s.state == "cancelled" and s.message_id is not None))
         )
 
     # --- producers ---
@@ -249,7 +283,7 @@ class WorkflowMachine(RuleBasedStateMachine):
         everywhere = data.draw(st.sampled_from([frozenset(), frozenset({"dead"})]), label="workflow policy")
         workflow = Workflow("props", ignore_dead="dead" in everywhere)
         steps: dict[str, StepModel] = {}
-        for name, queue, parents in graph:
+        for name, queue, parents, key in graph:
             workflow.add(
                 name,
                 queue,
@@ -257,18 +291,19 @@ class WorkflowMachine(RuleBasedStateMachine):
                 after=[
                     Dep(p, ignore_dead="dead" in ign, ignore_cancelled="cancelled" in ign) for p, ign in parents.items()
                 ],
+                **({"key": key} if key is not None else {}),
             )
-            steps[name] = StepModel(name, queue, {p: ign | everywhere for p, ign in parents.items()})
+            steps[name] = StepModel(name, queue, {p: ign | everywhere for p, ign in parents.items()}, key=key)
             steps[name].pending = len(parents)
             for parent in parents:
                 steps[parent].children.append(name)
         run_id = workflow.enqueue().pk
         run = self.runs[run_id] = RunModel(run_id, steps, open=len(steps))
-        for step in steps.values():
-            if not step.parents:
-                self.enqueue_step(step)
+        refused, _ = self.release(run, [step for step in steps.values() if not step.parents])
+        run.open -= len(refused)
+        run.failed += len(refused)
+        self.propagate(run, [(step.name, "cancelled", None) for step in refused])
         self.learn_ids()
-        assert run.open == len(graph)
 
     # --- consumers ---
 
@@ -401,6 +436,9 @@ class WorkflowMachine(RuleBasedStateMachine):
                     assert row["pending"] == step.pending, f"step {step.name} of {run.id}: {row}, model {step}"
                 if step.state == "cancelled" and step.cause is not None:
                     assert row["reason"] == step.reason, f"step {step.name} of {run.id}: {row}, model {step}"
+                if step.state == "cancelled" and step.holder is not None:
+                    held = f"not enqueued: key {step.key!r} is held by live message {step.holder.message_id}"
+                    assert row["reason"] == held, f"step {step.name} of {run.id}: {row['reason']!r}, not {held!r}"
                 if step.state == "enqueued":
                     assert row["message_id"] == step.message_id
                     expected_live.add(step.message_id)
