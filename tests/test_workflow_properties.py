@@ -76,7 +76,8 @@ class StepModel:
 @dataclass
 class RunModel:
     id: int
-    steps: dict[str, StepModel]
+    steps: dict[str, StepModel]  # in dependency order: a step's parents come before it
+    positions: dict[str, int]  # the order the steps were declared in
     open: int
     failed: int = 0
     cancelled: bool = False
@@ -104,7 +105,9 @@ keys = st.sampled_from([None, None, None, "k", "K"])
 
 @st.composite
 def graphs(draw):
-    """Steps ``s0``..``sN``: each on a queue, after a random set of earlier steps, each edge with a policy."""
+    """Steps ``s0``..``sN`` in dependency order (each after a random set of lower-numbered steps, each edge with
+    a policy, on a queue, maybe keyed), and the order they are declared in: any (``after=`` may name a step
+    declared later)."""
     size = draw(st.integers(min_value=1, max_value=6))
     steps = []
     for i in range(size):
@@ -113,7 +116,7 @@ def graphs(draw):
             if draw(st.booleans()):
                 parents[f"s{j}"] = draw(st.sampled_from(POLICIES))
         steps.append((f"s{i}", draw(st.sampled_from(QUEUES)), parents, draw(keys)))
-    return steps
+    return steps, draw(st.permutations(range(size)))
 
 
 def empty_tables() -> None:
@@ -165,8 +168,7 @@ class WorkflowMachine(RuleBasedStateMachine):
         """Enqueue ``ready`` steps in position order: a keyed one whose key a live message holds (one
         enqueued just before it too) is cancelled instead. Returns (refused, enqueued)."""
         refused, enqueued = [], []
-        order = list(run.steps)  # declaration order: the steps' positions
-        for step in sorted(ready, key=lambda s: order.index(s.name)):
+        for step in sorted(ready, key=lambda s: run.positions[s.name]):
             holder = step.key and self.key_holder(step.queue, step.key)
             if holder:
                 step.state, step.pending, step.holder = "cancelled", 0, holder
@@ -279,11 +281,11 @@ class WorkflowMachine(RuleBasedStateMachine):
             getattr(self, data.draw(st.sampled_from(choices), label="operation"))(data)
 
     def enqueue_workflow(self, data):
-        graph = data.draw(graphs(), label="graph")
+        graph, declared = data.draw(graphs(), label="graph")
         everywhere = data.draw(st.sampled_from([frozenset(), frozenset({"dead"})]), label="workflow policy")
         workflow = Workflow("props", ignore_dead="dead" in everywhere)
         steps: dict[str, StepModel] = {}
-        for name, queue, parents, key in graph:
+        for name, queue, parents, key in (graph[i] for i in declared):
             workflow.add(
                 name,
                 queue,
@@ -293,12 +295,14 @@ class WorkflowMachine(RuleBasedStateMachine):
                 ],
                 **({"key": key} if key is not None else {}),
             )
+        for name, queue, parents, key in graph:
             steps[name] = StepModel(name, queue, {p: ign | everywhere for p, ign in parents.items()}, key=key)
             steps[name].pending = len(parents)
             for parent in parents:
                 steps[parent].children.append(name)
         run_id = workflow.enqueue().pk
-        run = self.runs[run_id] = RunModel(run_id, steps, open=len(steps))
+        positions = {graph[i][0]: n for n, i in enumerate(declared)}
+        run = self.runs[run_id] = RunModel(run_id, steps, positions, open=len(steps))
         refused, _ = self.release(run, [step for step in steps.values() if not step.parents])
         run.open -= len(refused)
         run.failed += len(refused)
@@ -387,14 +391,11 @@ class WorkflowMachine(RuleBasedStateMachine):
         run, step = self.runs[run_id], self.runs[run_id].steps[name]
         archived = ArchivedMessage.objects.get(message_id=step.message_id)
         control.replay(archived, by="ops")
-        for child in step.children:  # a child that tolerated its end waits for it again
-            if run.steps[child].state == "waiting" and step.state in run.steps[child].parents[name]:
-                run.steps[child].pending += 1
         step.state, step.reason, step.message_id = "enqueued", "", None
         step.enqueued += 1
         doomed = [s for s in run.steps.values() if s.state == "cancelled" and s.cause == name]
-        reopened = 1
-        for child in doomed:  # in declaration order: parents first
+        reopened = [name]
+        for child in doomed:  # in dependency order
             ends = {parent: run.steps[parent] for parent in child.parents}
             dooms = sorted(
                 doom(parent, end.state, end.cause)
@@ -406,9 +407,16 @@ class WorkflowMachine(RuleBasedStateMachine):
                 continue
             child.state, child.cause, child.reason = "waiting", None, ""
             child.pending = sum(1 for end in ends.values() if end.state not in SETTLED)
-            reopened += 1
-        run.open += reopened
-        run.failed = max(run.failed - reopened, 0)
+            reopened.append(child.name)
+        # A waiting step waits for each dependency not yet settled: one that tolerated an end the replay
+        # undid (the step's own, or a cancel it cascaded) waits for that dependency again.
+        for reopened_step in reopened:
+            for name_after in run.steps[reopened_step].children:
+                after = run.steps[name_after]
+                if after.state == "waiting":
+                    after.pending = sum(1 for p in after.parents if run.steps[p].state not in SETTLED)
+        run.open += len(reopened)
+        run.failed = max(run.failed - len(reopened), 0)
         self.learn_ids()
 
     # --- what must hold after every step ---
@@ -419,7 +427,9 @@ class WorkflowMachine(RuleBasedStateMachine):
             return
         rows = {
             (r["workflow_id"], r["name"]): r
-            for r in WorkflowStep.objects.values("workflow_id", "name", "state", "message_id", "reason", "pending")
+            for r in WorkflowStep.objects.values(
+                "workflow_id", "name", "state", "message_id", "reason", "pending", "cause"
+            )
         }
         live = set(Message.objects.values_list("pk", flat=True))
         expected_live = set()
@@ -456,6 +466,29 @@ class WorkflowMachine(RuleBasedStateMachine):
             want = {"open_steps": run.open, "failed_steps": run.failed, "state": run.state(), "outcome": run.outcome()}
             assert got == want, f"workflow {run.id}: {got}, the model says {want}"
         assert live == expected_live, f"live messages {sorted(live)}, the model says {sorted(expected_live)}"
+        self.the_steps_agree_with_their_edges(rows)
+
+    @staticmethod
+    def the_steps_agree_with_their_edges(rows: dict[tuple[int, str], dict]) -> None:
+        """What the database's own rows must say of each other, whatever the model says (docs/workflows.md):
+        a waiting step's pending count is its dependencies not yet settled, and a step cancelled by a
+        dependency's end has a dependency that ended as it does not tolerate."""
+        parents: dict[tuple[int, str], list[tuple[str, str]]] = {}
+        for run_id, parent, child, ignore in WorkflowEdge.objects.values_list(
+            "workflow_id", "parent", "child", "ignore"
+        ):
+            parents.setdefault((run_id, child), []).append((parent, ignore))
+        for (run_id, name), row in rows.items():
+            ends = [(rows[(run_id, p)]["state"], ignore.split(",")) for p, ignore in parents.get((run_id, name), [])]
+            if row["state"] == "waiting":
+                open_parents = sum(1 for state, _ in ends if state in ("waiting", "enqueued"))
+                assert row["pending"] == open_parents, (
+                    f"step {name} of {run_id} waits for {row['pending']}, not {open_parents}"
+                )
+            if row["state"] == "cancelled" and row["cause"] is not None:
+                assert any(
+                    state in ("dead", "cancelled", "expired") and state not in ignored for state, ignored in ends
+                ), f"step {name} of {run_id} is cancelled for {row['cause']!r}, but no dependency's end dooms it: {row}"
 
 
 def test_workflows_keep_their_documented_promises_under_random_steps():

@@ -5,11 +5,12 @@ step by step so that each state in between can be looked at. Real worker
 processes: tests/test_workflow_processes.py.
 """
 
+import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -503,6 +504,96 @@ def test_a_replay_leaves_cancelled_a_step_that_another_dependency_still_dooms():
     take("after").ack()
     status = Workflow.status(run.pk)
     assert (status["state"], status["outcome"]) == ("finished", "succeeded")
+
+
+def test_a_replay_brings_back_a_step_declared_before_the_parent_it_was_cancelled_through():
+    """``after=`` may name a step declared later: 'c' (after b) comes before 'b' (after a). a's dead letter
+    cancels b, and c through b; a's replay decides b first, then c, and both wait again."""
+    workflow = Workflow("forward")
+    workflow.add("a", Q, max_attempts=1)
+    workflow.add("c", Q, after=["b"])
+    workflow.add("b", Q, after=["a"])
+    run = workflow.enqueue()
+    take("a").fail("boom", retry=False)
+    replay(ArchivedMessage.objects.get(outcome=Outcome.DEAD))
+    steps = {s["name"]: (s["state"], s["reason"]) for s in Workflow.status(run.pk)["steps"]}
+    assert steps == {"a": ("enqueued", ""), "c": ("waiting", ""), "b": ("waiting", "")}
+    for name in ("a", "b", "c"):
+        take(name).ack()
+    assert Workflow.status(run.pk)["outcome"] == "succeeded"
+
+
+def test_a_step_that_tolerated_a_cascade_cancel_waits_again_after_the_replay():
+    """s0's cancel cancels s1; s3 tolerates s1's cancel and waits for s2. Replaying s0 reopens s1, so s3
+    waits for s1 again: it runs after s1 and s2, not before s2."""
+    workflow = Workflow("cascade")
+    workflow.add("s0", Q)
+    workflow.add("s1", Q, after=["s0"])
+    workflow.add("s2", Q)
+    workflow.add("s3", Q, after=[Dep("s1", ignore_cancelled=True), "s2"])
+    run = workflow.enqueue()
+    cancel(WorkflowStep.objects.get(workflow=run, name="s0").message_id, by="ops")
+    assert WorkflowStep.objects.get(workflow=run, name="s3").pending == 1
+    replay(ArchivedMessage.objects.get(outcome=Outcome.CANCELLED))
+    assert WorkflowStep.objects.get(workflow=run, name="s3").pending == 2
+    s2 = take("s2")
+    take("s0").ack()
+    take("s1").ack()
+    assert ready() == []  # s3 still waits for s2
+    s2.ack()
+    take("s3").ack()
+    assert Workflow.status(run.pk)["state"] == "finished"
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has one writer: two replays cannot overlap")
+def test_two_replays_at_once_each_see_the_other(monkeypatch):
+    """a and y died; c (after both) was cancelled by a. y's replay holds its transaction open while a's
+    replay runs: a's reads y's row locked, waits, and sees y enqueued, so c waits for both (it used to be
+    left cancelled for y's dead letter, which y's replay had already looked past)."""
+    workflow = Workflow("race")
+    workflow.add("a", Q, max_attempts=1)
+    workflow.add("y", Q, max_attempts=1)
+    workflow.add("c", Q, after=["a", "y"])
+    run = workflow.enqueue()
+    take("a").fail("boom", retry=False)
+    take("y").fail("boom", retry=False)
+    real = table.reopen
+    reopened, go = threading.Event(), threading.Event()
+
+    def held_open(using, headers, old, new):
+        real(using, headers, old, new)
+        if headers["dbqueue_step"][1] == "y":
+            reopened.set()
+            go.wait(30)
+
+    monkeypatch.setattr(table, "reopen", held_open)
+    rows = {r.headers["dbqueue_step"][1]: r for r in ArchivedMessage.objects.filter(outcome=Outcome.DEAD)}
+    errors: list[BaseException] = []
+
+    def replay_in_thread(name):
+        try:
+            replay(rows[name])
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=replay_in_thread, args=("y",))
+    first.start()
+    assert reopened.wait(30)
+    second = threading.Thread(target=replay_in_thread, args=("a",))
+    second.start()
+    time.sleep(1)  # a's replay is now waiting for y's row
+    go.set()
+    first.join(60)
+    second.join(60)
+    assert not errors and not first.is_alive() and not second.is_alive()
+    steps = {s["name"]: s["state"] for s in Workflow.status(run.pk)["steps"]}
+    assert steps == {"a": "enqueued", "y": "enqueued", "c": "waiting"}
+    take("a").ack()
+    take("y").ack()
+    take("c").ack()
+    assert Workflow.status(run.pk)["outcome"] == "succeeded"
 
 
 # --- results' bounds ------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any, Self
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, models, transaction
-from django.db.models import Count, Exists, F, OuterRef
+from django.db.models import Count, Exists, OuterRef
 
 from .. import signals
 from ..db.clock import DbNow
@@ -716,40 +716,33 @@ def cancel_waiting(using: str, workflow_id: int, by: str) -> list[int]:
 
 def reopen(using: str, headers: Any, old_message_id: int, new_message_id: int) -> None:
     """A replay of a step's message (inside the replay's transaction): the step is enqueued again as the new
-    message, and the steps its failure cancelled wait again, so that the workflow continues from it; one
-    that another dependency's end still dooms stays cancelled, for that end."""
+    message, and the steps its end cancelled wait again, so that the workflow continues from it.
+
+    The cancelled steps are decided in dependency order (a step may be declared before its parents): one
+    that another dependency's end still dooms stays cancelled, for that end. The parents are read locked,
+    so that two replays of one workflow at once see each other's steps reopened. Every waiting child of a
+    reopened step has its pending count taken again from its parents still open: one that tolerated the
+    old end (or a cascade's cancel) waits for it again instead of counting its second end twice.
+    """
     ref = step_ref(headers)
     if ref is None:
         return
     workflow_id, name = ref
     steps = WorkflowStep.objects.using(using).filter(workflow_id=workflow_id)
-    ended = (
-        steps.select_for_update()
-        .filter(name=name, message_id=old_message_id, state__in=IGNORABLE)
-        .values_list("state", flat=True)
-        .first()
-    )
-    if ended is None:
+    if not steps.select_for_update().filter(name=name, message_id=old_message_id, state__in=IGNORABLE).exists():
         return
     steps.filter(name=name).update(
         state=StepState.ENQUEUED, message_id=new_message_id, reason="", result=None, finished_at=None
     )
     edges = WorkflowEdge.objects.using(using).filter(workflow_id=workflow_id)
-    # The waiting children that tolerated its end counted it as settled: it is open again, so they wait for
-    # it again (else its second end would count twice, and they could run before their other dependencies).
-    tolerant = [
-        child for child, ignore in edges.filter(parent=name).values_list("child", "ignore") if _satisfied(ended, ignore)
-    ]
-    if tolerant:
-        steps.filter(name__in=tolerant, state=StepState.WAITING).update(pending=F("pending") + 1)
-    doomed = list(steps.select_for_update().filter(cause=name, state=StepState.CANCELLED).order_by("position"))
-    reopened = 1
-    for step in doomed:  # in position order: a step's parents are decided before it
-        parents = list(edges.filter(child=step.name).values_list("parent", "ignore"))
-        ends = {
-            n: (state, cause)
-            for n, state, cause in steps.filter(name__in=[p for p, _ in parents]).values_list("name", "state", "cause")
-        }
+    doomed = {s.name: s for s in steps.select_for_update().filter(cause=name, state=StepState.CANCELLED)}
+    parents_of: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for parent, child, ignore in edges.filter(child__in=sorted(doomed)).values_list("parent", "child", "ignore"):
+        parents_of[child].append((parent, ignore))
+    reopened = [name]
+    for step in _in_dependency_order(doomed, parents_of):
+        parents = parents_of[step.name]
+        ends = _locked_ends(steps, [p for p, _ in parents])
         # Another parent that ended as it does not tolerate dooms it still: it stays cancelled, now
         # for that parent's end (whose own replay would bring it back); nothing waits for ever.
         dooms = sorted(
@@ -761,20 +754,66 @@ def reopen(using: str, headers: Any, old_message_id: int, new_message_id: int) -
             origin, reason = dooms[0]
             steps.filter(pk=step.pk).update(cause=origin, reason=reason)
             continue
-        pending = sum(1 for parent, ignore in parents if not _satisfied(ends.get(parent, ("", None))[0], ignore))
+        pending = sum(1 for parent, _ in parents if ends.get(parent, ("", None))[0] in OPEN)
         steps.filter(pk=step.pk).update(
             state=StepState.WAITING, pending=pending, cause=None, reason="", finished_at=None
         )
-        reopened += 1
+        reopened.append(step.name)
+    _recount_children(steps, edges, reopened)
     runs = WorkflowRun.objects.using(using)
     run = runs.select_for_update().get(pk=workflow_id)
     runs.filter(pk=workflow_id).update(
         state=WorkflowRun.RUNNING,
         outcome="" if run.outcome != WorkflowOutcome.CANCELLED else run.outcome,
         finished_at=None,
-        open_steps=run.open_steps + reopened,
-        failed_steps=max(run.failed_steps - reopened, 0),
+        open_steps=run.open_steps + len(reopened),
+        failed_steps=max(run.failed_steps - len(reopened), 0),
     )
+
+
+def _in_dependency_order(
+    doomed: dict[str, WorkflowStep], parents_of: dict[str, list[tuple[str, str]]]
+) -> list[WorkflowStep]:
+    """``doomed`` steps, each after those of them it depends on (by position among the ready ones)."""
+    waiting_on = {n: {p for p, _ in parents_of[n] if p in doomed} for n in doomed}
+    ordered: list[WorkflowStep] = []
+    while waiting_on:
+        ready = sorted((doomed[n] for n, left in waiting_on.items() if not left), key=lambda s: s.position)
+        if not ready:  # cannot happen in a graph without cycles (refused at enqueue); never loop for ever
+            ready = sorted((doomed[n] for n in waiting_on), key=lambda s: s.position)
+        for step in ready:
+            ordered.append(step)
+            del waiting_on[step.name]
+        for left in waiting_on.values():
+            left.difference_update(s.name for s in ready)
+    return ordered
+
+
+def _locked_ends(steps: Any, names: list[str]) -> dict[str, tuple[str, str | None]]:
+    """(state, cause) of steps ``names``, their rows locked (a replay of one of them waits, or is seen)."""
+    rows = steps.select_for_update().filter(name__in=sorted(names)).order_by("position")
+    return {n: (state, cause) for n, state, cause in rows.values_list("name", "state", "cause")}
+
+
+def _recount_children(steps: Any, edges: Any, reopened: list[str]) -> None:
+    """Take the pending count of the waiting children of ``reopened`` steps again from their parents still
+    open (a waiting step's count is the number of its dependencies not yet settled)."""
+    children = set(edges.filter(parent__in=reopened).values_list("child", flat=True)) - set(reopened)
+    waiting = list(
+        steps.select_for_update().filter(name__in=sorted(children), state=StepState.WAITING).order_by("position")
+    )
+    if not waiting:
+        return
+    parents_of: dict[str, list[str]] = defaultdict(list)
+    for parent, child in edges.filter(child__in=[s.name for s in waiting]).values_list("parent", "child"):
+        parents_of[child].append(parent)
+    states = dict(
+        steps.filter(name__in=sorted({p for ps in parents_of.values() for p in ps})).values_list("name", "state")
+    )
+    for step in waiting:
+        pending = sum(1 for parent in parents_of[step.name] if states.get(parent) in OPEN)
+        if pending != step.pending:
+            steps.filter(pk=step.pk).update(pending=pending)
 
 
 def unsettled(using: str, limit: int) -> list[tuple[int, str, int]]:

@@ -169,9 +169,9 @@ class Completer:
         # The first consumer that asks gets the claim (one consumer per worker but for --threads).
         claimant = next((handover for handover in handovers if handover.claim is not None), None)
         claim = claimant.claim if claimant is not None else None
-        # What other threads claimed since the hand-over counts against --max-messages too.
-        limit = self.ledger.room(claim.limit, claim.max_messages) if claim is not None else 0
         try:
+            # What other threads claimed since the hand-over counts against --max-messages too.
+            limit = self.ledger.room(claim.limit, claim.max_messages) if claim is not None else 0
             if claimant is None or claim is None or limit <= 0:
                 held = self.writer.until_written(
                     lambda: Message.objects.ack_many(messages, worker=self.name, results=results),

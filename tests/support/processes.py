@@ -59,7 +59,8 @@ def results(processes: list[subprocess.Popen[str]], timeout: float = 600) -> lis
 
 def stop(process: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
     """SIGTERM ``process`` and wait for it; one that overstays is aborted, so its threads' stacks
-    (faulthandler) are in the failure, and it cannot go on serving the next test's queue."""
+    (faulthandler) are in the failure, and it cannot go on serving the next test's queue. For a single
+    process (a pool's children are not signalled here)."""
     process.send_signal(signal.SIGTERM)
     try:
         return process.communicate(timeout=timeout)
@@ -69,7 +70,7 @@ def stop(process: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]
             _, err = process.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
-            _, err = process.communicate()
+            _, err = process.communicate(timeout=30)  # bounded: a child of its own may still hold the pipes
         raise AssertionError(
             f"process {process.pid} still ran {timeout}s after SIGTERM; its log:\n{err[-20000:]}"
         ) from None
