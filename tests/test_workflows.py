@@ -545,26 +545,32 @@ def test_a_step_that_tolerated_a_cascade_cancel_waits_again_after_the_replay():
     assert Workflow.status(run.pk)["state"] == "finished"
 
 
-@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has one writer: two replays cannot overlap")
-def test_two_replays_at_once_each_see_the_other(monkeypatch):
-    """a and y died; c (after both) was cancelled by a. y's replay holds its transaction open while a's
-    replay runs: a's reads y's row locked, waits, and sees y enqueued, so c waits for both (it used to be
-    left cancelled for y's dead letter, which y's replay had already looked past)."""
-    workflow = Workflow("race")
-    workflow.add("a", Q, max_attempts=1)
-    workflow.add("y", Q, max_attempts=1)
-    workflow.add("c", Q, after=["a", "y"])
-    run = workflow.enqueue()
-    take("a").fail("boom", retry=False)
-    take("y").fail("boom", retry=False)
+def lock_waits() -> int:
+    """How many sessions wait for a row lock now (PostgreSQL, MariaDB/MySQL)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        elif connection.mysql_is_mariadb:  # its innodb_trx does not list a locking read's wait: a stuck one
+            cursor.execute(
+                "SELECT COUNT(*) FROM information_schema.processlist"
+                " WHERE command = 'Query' AND time_ms > 300 AND info LIKE '%%FOR UPDATE%%'"
+            )
+        else:
+            cursor.execute("SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'")
+        return cursor.fetchone()[0]
+
+
+def replay_at_once(monkeypatch, first: str, second: str) -> None:
+    """Replay the dead steps ``first`` and ``second`` in two threads: ``first``'s transaction stays open
+    until ``second``'s waits for a row lock, then both commit."""
     real = table.reopen
     reopened, go = threading.Event(), threading.Event()
 
     def held_open(using, headers, old, new):
         real(using, headers, old, new)
-        if headers["dbqueue_step"][1] == "y":
+        if headers["dbqueue_step"][1] == first:
             reopened.set()
-            go.wait(30)
+            go.wait(60)
 
     monkeypatch.setattr(table, "reopen", held_open)
     rows = {r.headers["dbqueue_step"][1]: r for r in ArchivedMessage.objects.filter(outcome=Outcome.DEAD)}
@@ -578,21 +584,63 @@ def test_two_replays_at_once_each_see_the_other(monkeypatch):
         finally:
             connections.close_all()
 
-    first = threading.Thread(target=replay_in_thread, args=("y",))
-    first.start()
-    assert reopened.wait(30)
-    second = threading.Thread(target=replay_in_thread, args=("a",))
-    second.start()
-    time.sleep(1)  # a's replay is now waiting for y's row
+    threads = [threading.Thread(target=replay_in_thread, args=(first,))]
+    threads[0].start()
+    assert reopened.wait(60)
+    threads.append(threading.Thread(target=replay_in_thread, args=(second,)))
+    threads[1].start()
+    wait_for_lock = time.monotonic() + 60
+    while not lock_waits() and time.monotonic() < wait_for_lock:
+        time.sleep(0.05)
+    waited = lock_waits()
     go.set()
-    first.join(60)
-    second.join(60)
-    assert not errors and not first.is_alive() and not second.is_alive()
+    for thread in threads:
+        thread.join(60)
+    assert not errors and not any(thread.is_alive() for thread in threads), errors
+    assert waited, f"{second}'s replay never waited for {first}'s: the race was not met"
+
+
+two_writers = pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has one writer: no two replays at once")
+
+
+@two_writers
+def test_two_replays_at_once_each_see_the_other(monkeypatch):
+    """a and y died; c (after both) was cancelled by a. y's replay holds its transaction open while a's
+    runs: a's reads y's row locked, waits, and sees y enqueued, so c waits for both (it used to be left
+    cancelled for y's dead letter, which y's replay had already looked past)."""
+    workflow = Workflow("race")
+    workflow.add("a", Q, max_attempts=1)
+    workflow.add("y", Q, max_attempts=1)
+    workflow.add("c", Q, after=["a", "y"])
+    run = workflow.enqueue()
+    take("a").fail("boom", retry=False)
+    take("y").fail("boom", retry=False)
+    replay_at_once(monkeypatch, "y", "a")
     steps = {s["name"]: s["state"] for s in Workflow.status(run.pk)["steps"]}
     assert steps == {"a": "enqueued", "y": "enqueued", "c": "waiting"}
-    take("a").ack()
-    take("y").ack()
-    take("c").ack()
+    for name in ("a", "y", "c"):
+        take(name).ack()
+    assert Workflow.status(run.pk)["outcome"] == "succeeded"
+
+
+@two_writers
+def test_a_replay_decides_again_a_step_another_replay_handed_to_it(monkeypatch):
+    """b died, cancelling w (after c and b); a died, cancelling c (after a). b's replay finds w still doomed
+    by c, and hands w to a's end (cause 'a') while a's replay waits for c's row. On PostgreSQL a's first
+    search could not see w (its rows are picked at its start): it searches again, and w waits for c."""
+    workflow = Workflow("handed")
+    workflow.add("a", Q, max_attempts=1)
+    workflow.add("b", Q, max_attempts=1)
+    workflow.add("c", Q, after=["a"])
+    workflow.add("w", Q, after=["c", "b"])
+    run = workflow.enqueue()
+    take("b").fail("boom", retry=False)
+    take("a").fail("boom", retry=False)
+    replay_at_once(monkeypatch, "b", "a")
+    steps = {s["name"]: (s["state"], s["reason"]) for s in Workflow.status(run.pk)["steps"]}
+    assert steps == {"a": ("enqueued", ""), "b": ("enqueued", ""), "c": ("waiting", ""), "w": ("waiting", "")}
+    for name in ("a", "b", "c", "w"):
+        take(name).ack()
     assert Workflow.status(run.pk)["outcome"] == "succeeded"
 
 

@@ -735,11 +735,35 @@ def reopen(using: str, headers: Any, old_message_id: int, new_message_id: int) -
         state=StepState.ENQUEUED, message_id=new_message_id, reason="", result=None, finished_at=None
     )
     edges = WorkflowEdge.objects.using(using).filter(workflow_id=workflow_id)
-    doomed = {s.name: s for s in steps.select_for_update().filter(cause=name, state=StepState.CANCELLED)}
+    reopened = [name]
+    # Again until a round reopens none: another replay of this workflow may have moved a step's cause to
+    # this one while this query waited for its locks (PostgreSQL picks a statement's rows at its start),
+    # and a step decided before that one arrived is decided again after it. Each round but the last
+    # reopens a step, so this ends.
+    for _ in range(MAX_STEPS + 1):
+        doomed = {s.name: s for s in steps.select_for_update().filter(cause=name, state=StepState.CANCELLED)}
+        newly = _decide_doomed(steps, edges, doomed) if doomed else []
+        if not newly:
+            break
+        reopened += newly
+    _recount_children(steps, edges, reopened)
+    runs = WorkflowRun.objects.using(using)
+    run = runs.select_for_update().get(pk=workflow_id)
+    runs.filter(pk=workflow_id).update(
+        state=WorkflowRun.RUNNING,
+        outcome="" if run.outcome != WorkflowOutcome.CANCELLED else run.outcome,
+        finished_at=None,
+        open_steps=run.open_steps + len(reopened),
+        failed_steps=max(run.failed_steps - len(reopened), 0),
+    )
+
+
+def _decide_doomed(steps: Any, edges: Any, doomed: dict[str, WorkflowStep]) -> list[str]:
+    """Decide the steps a replayed step's end had cancelled, in dependency order; returns those reopened."""
     parents_of: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for parent, child, ignore in edges.filter(child__in=sorted(doomed)).values_list("parent", "child", "ignore"):
         parents_of[child].append((parent, ignore))
-    reopened = [name]
+    reopened = []
     for step in _in_dependency_order(doomed, parents_of):
         parents = parents_of[step.name]
         ends = _locked_ends(steps, [p for p, _ in parents])
@@ -759,16 +783,7 @@ def reopen(using: str, headers: Any, old_message_id: int, new_message_id: int) -
             state=StepState.WAITING, pending=pending, cause=None, reason="", finished_at=None
         )
         reopened.append(step.name)
-    _recount_children(steps, edges, reopened)
-    runs = WorkflowRun.objects.using(using)
-    run = runs.select_for_update().get(pk=workflow_id)
-    runs.filter(pk=workflow_id).update(
-        state=WorkflowRun.RUNNING,
-        outcome="" if run.outcome != WorkflowOutcome.CANCELLED else run.outcome,
-        finished_at=None,
-        open_steps=run.open_steps + len(reopened),
-        failed_steps=max(run.failed_steps - len(reopened), 0),
-    )
+    return reopened
 
 
 def _in_dependency_order(
