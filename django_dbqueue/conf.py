@@ -499,7 +499,9 @@ def database_for(queues: str | Iterable[str], using: str | None = None) -> str:
     """
     if using:
         return using
-    names = [queues] if isinstance(queues, str) else list(queues)
+    if isinstance(queues, str):  # one queue (every enqueue): its own database, nothing to compare
+        return queue_options(queues).database
+    names = list(queues)
     if not names:
         return get_settings().defaults.database
     placed = {name: queue_options(name).database for name in names}

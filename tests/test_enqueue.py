@@ -1,4 +1,4 @@
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -208,6 +208,33 @@ def test_what_enqueue_returns_is_what_it_stored(timing, due_after):
             assert stored.available_at == stored.first_available_at == run_at
         else:
             assert stored.available_at - stored.created_at == due_after
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {},
+        {"kind": "k"},
+        {"group": "g"},
+        {"headers": {"h": 1}},
+        {"priority": -1},
+        {"max_attempts": 2},
+        {"expires_at": datetime(2099, 1, 1, tzinfo=UTC)},
+    ],
+    ids=lambda option: next(iter(option), "plain"),
+)
+def test_a_message_with_only_a_queue_and_a_payload_stores_the_defaults_and_any_other_option_is_kept(option):
+    """Such a message's INSERT writes the defaults as SQL and sends two parameters (`insert-plain`):
+    one option more, whichever, must take the statement that writes it."""
+    for _ in range(2):  # the second call runs the statement written by the first
+        message = django_dbqueue.enqueue("q", {"n": 1}, **option)
+        stored = Message.objects.get(pk=message.pk)
+        blank = Message()
+        expected = {f: option.get(f, getattr(blank, f)) for f in ("kind", "key", "group", "headers", "priority")}
+        expected |= {f: option.get(f, getattr(blank, f)) for f in ("max_attempts", "expires_at", "replay_of")}
+        assert {f: getattr(stored, f) for f in expected} == expected
+        assert {f: getattr(message, f) for f in expected} == expected
+        assert message.created_at == stored.created_at == stored.available_at == stored.first_available_at
 
 
 def test_messages_built_by_enqueue_share_no_headers():

@@ -123,12 +123,16 @@ def test_a_rolled_back_enqueue_and_a_live_key_nudge_nobody(receiver):
 
 
 @no_notify
-def test_without_nudge_host_nothing_is_sent(receiver):
+def test_without_nudge_host_nothing_is_sent_and_a_changed_setting_is_seen_at_once(receiver):
     address, heard = receiver
     WorkerFactory(hostname=socket.gethostname(), queues=["emails"], nudge_address=address)
+    django_dbqueue.enqueue("emails", {})  # decides, once for the alias, that it nudges
+    assert heard.get(timeout=5) == "emails"
     with override_settings(DBQUEUE={"NUDGE_HOST": None}):
         django_dbqueue.enqueue("emails", {})
-    assert_silent(heard)
+        assert_silent(heard)
+    django_dbqueue.enqueue("emails", {})  # the setting back: decided again
+    assert heard.get(timeout=5) == "emails"
 
 
 def test_loopback_addresses_of_other_hosts_are_left_out():

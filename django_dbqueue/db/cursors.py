@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.utils.asyncio import async_unsafe
 
@@ -41,10 +42,14 @@ def cursor_patched(connection: Any) -> bool:
     return code is None or not cast(str, code.co_filename).endswith(DJANGO_CURSOR_FILE) or "cursor" in vars(connection)
 
 
-@async_unsafe
 def run(using: str, sql: str, params: Sequence[Any], read: Callable[[Any], T]) -> T:
     """Execute ``sql`` with ``params`` on database ``using``; returns ``read(cursor)`` (fetch the rows there)."""
-    connection = connections[using]
+    return run_on(connections[using], sql, params, read)
+
+
+@async_unsafe
+def run_on(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], read: Callable[[Any], T]) -> T:
+    """`run` on a connection the caller has already looked up (``connections[alias]`` costs a thread-local read)."""
     driver = connection.connection
     if (
         driver is None

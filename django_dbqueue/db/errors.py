@@ -166,13 +166,13 @@ def with_retries(using: str, operation: Callable[[], T], *, what: str = "queue o
     """Run ``operation``, retrying transient errors up to ``TRANSIENT_RETRIES`` times."""
     from ..conf import get_settings
 
-    connection = connections[using]
-    retries = get_settings().transient_retries
     attempt = 0
     while True:
         try:
             return operation()
-        except DatabaseError as exc:
+        except DatabaseError as exc:  # the connection and the setting are looked up here: every enqueue passes by
+            connection = connections[using]
+            retries = get_settings().transient_retries
             if connection.in_atomic_block or attempt >= retries or not is_transient(exc, using):
                 raise
             attempt += 1

@@ -170,13 +170,13 @@ class Inserting(StateReads[Live]):
         which would copy the queryset for every message.
         """
         scheduled = message.available_at is not None  # run_at was given
-        returned = insert_returns_expressions(using)
 
         def insert() -> bool:
             if message.key is None:  # the common case, in one hand-written statement
                 insert_message(using, message, None if scheduled else delay or 0)
                 return True
             on = self.using(using)
+            returned = insert_returns_expressions(using)
             now = DbNow() if returned else db_now(using)
             message.created_at = now
             if not scheduled and getattr(message, "_dbqueue_debounce", None) is None:

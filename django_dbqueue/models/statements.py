@@ -285,6 +285,13 @@ def insert_message(using: str, message: LiveMessage, delay: float | None) -> Non
         now = message.created_at = db_now(using)
         if delay is not None:
             message.available_at = message.first_available_at = now + timedelta(seconds=delay)
+    if returning and delay == 0 and is_plain(message):  # most messages: two parameters, not ten
+        sql = _statement(using, "insert-plain", 1, _insert_sql)
+        message.pk, created_at = cursors.run_on(connection, sql, (message.queue, message.payload_json()), _fetchone)
+        message.created_at = message.available_at = message.first_available_at = aware_clock(created_at)
+        message._state.adding = False
+        message._state.db = using
+        return
     values = inserted_values(message, connection.ops.adapt_datetimefield_value)
     if returning:
         timing = "at" if delay is None else "later" if delay else "now"
@@ -297,7 +304,7 @@ def insert_message(using: str, message: LiveMessage, delay: float | None) -> Non
         ]
     else:
         sql, params = _statement(using, "insert-values", 1, _insert_sql), values
-    row = cursors.run(using, sql, params, _fetchone if returning else _lastrowid)
+    row = cursors.run_on(connection, sql, params, _fetchone if returning else _lastrowid)
     if returning and delay == 0:  # three times from one clock reading, which a statement takes once
         message.pk, created_at = row
         message.created_at = message.available_at = message.first_available_at = aware_clock(created_at)
@@ -311,6 +318,25 @@ def insert_message(using: str, message: LiveMessage, delay: float | None) -> Non
     message._state.db = using
 
 
+# What `insert-plain` writes, as SQL, for the columns a plain message leaves at their defaults.
+PLAIN_SQL = {
+    "kind": "''",
+    "key": "NULL",
+    "group_key": "NULL",
+    "headers": "'{}'",
+    "priority": "0",
+    "expires_at": "NULL",
+    "max_attempts": "NULL",
+    "replay_of": "NULL",
+}
+_PLAIN = ("", None, None, 0, None, None, None)  # kind, key, group, priority, expires_at, max_attempts, replay_of
+
+
+def is_plain(m: LiveMessage) -> bool:
+    """Whether ``m`` has only a queue and a payload: every column of `PLAIN_SQL` at its default."""
+    return not m.headers and (m.kind, m.key, m.group, m.priority, m.expires_at, m.max_attempts, m.replay_of) == _PLAIN
+
+
 def _fetchone(cursor: Any) -> Any:
     return cursor.fetchone()
 
@@ -321,11 +347,15 @@ def _lastrowid(cursor: Any) -> Any:
 
 def _insert_sql(using: str, name: str, size: int) -> str:
     """The INSERT of `insert_message`: ``insert-values`` (every value a parameter, MySQL) or,
-    RETURNING its id and times, ``insert-now``, ``insert-later`` (a delay, one parameter per time) and
-    ``insert-at`` (``available_at`` given), with ``created_at`` from the database's clock."""
+    RETURNING its id and times, ``insert-now``, ``insert-plain`` (insert-now of a message with only a
+    queue and a payload), ``insert-later`` (a delay, one parameter per time) and ``insert-at``
+    (``available_at`` given), with ``created_at`` from the database's clock."""
     qn = connections[using].ops.quote_name
     json_sql = json_param(using)
     cells = {c: json_sql if c in ("payload", "headers") else "%s" for c in INSERTED}
+    if name == "insert-plain":  # insert-now with only the queue and the payload as parameters
+        cells.update(PLAIN_SQL)
+        name = "insert-now"
     if name != "insert-values":
         cells["created_at"] = compile_now(using)[0]
         if name != "insert-at":

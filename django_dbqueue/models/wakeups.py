@@ -15,6 +15,10 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from ..conf import get_settings
 from ..db import notify
@@ -26,15 +30,23 @@ logger = logging.getLogger("django_dbqueue")
 REFRESH = 1.0  # seconds a process keeps the workers' addresses before reading them again
 
 _known: dict[str, tuple[float, dict[str, list[str]]]] = {}
+_NEVER: tuple[float, dict[str, list[str]]] = (float("-inf"), {})
 _lock = threading.Lock()
+
+
+_nudging: dict[str, bool] = {}  # by database alias: whether its producers nudge (settings and vendor decide)
 
 
 def after_enqueue(using: str, queues: Iterable[str]) -> None:
     """Nudge the workers of ``queues`` once the current transaction on ``using`` commits (at once in autocommit)."""
-    names = set(queues)
-    if not names or notify.can_listen(using) or get_settings().nudge_host is None:
+    nudging = _nudging.get(using)
+    if nudging is None:  # decided once per alias (and again when settings change): every enqueue asks
+        nudging = _nudging[using] = not notify.can_listen(using) and get_settings().nudge_host is not None
+    if not nudging:
         return
-    after_commit(using, lambda: send(using, names))
+    names = set(queues)
+    if names:
+        after_commit(using, lambda: send(using, names))
 
 
 def send(using: str, queues: set[str]) -> None:
@@ -51,8 +63,7 @@ def send(using: str, queues: set[str]) -> None:
 def addresses(using: str) -> dict[str, list[str]]:
     """The workers' nudge addresses by queue, read at most once per REFRESH seconds."""
     now = time.monotonic()
-    with _lock:
-        read_at, targets = _known.get(using, (float("-inf"), {}))
+    read_at, targets = _known.get(using, _NEVER)  # one dict read: no lock needed to see a whole entry
     if now - read_at < REFRESH:
         return targets
     targets = Worker.objects.using(using).nudge_addresses()
@@ -62,6 +73,14 @@ def addresses(using: str) -> dict[str, list[str]]:
 
 
 def forget() -> None:
-    """Read the addresses afresh at the next enqueue (tests, and a worker that just registered here)."""
+    """Read the addresses, and whether to nudge at all, afresh at the next enqueue (tests, a worker that just
+    registered here, changed settings)."""
     with _lock:
         _known.clear()
+        _nudging.clear()
+
+
+@receiver(setting_changed)
+def _settings_changed(setting: str, **kwargs: Any) -> None:
+    if setting in ("DBQUEUE", "DATABASES"):
+        forget()
