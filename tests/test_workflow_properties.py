@@ -3,14 +3,16 @@
 Hypothesis declares random workflows (up to six steps, each after any of
 the earlier ones, each dependency with its own policy, steps on two
 queues), then drives claims, acks, dead letters, batches of acks with the
-worker's claim in their transaction (`Claiming.ack_then_claim`), cancels
-of queued steps and of whole workflows, and replays of failed steps. A
+worker's claim in their transaction (`Claiming.ack_then_claim`), expiry
+of queued steps (the reaper's batches), cancels of queued steps and of
+whole workflows, and replays of failed steps. A
 plain Python model of docs/workflows.md ("The model", "Policies",
 "Status, cancel, replay") says what each step makes of the graph, and
 after every step the database must agree:
 
 - each step is in the state the model says (waiting, enqueued, acked,
-  dead, cancelled), with the reason naming the dependency that doomed it;
+  dead, expired, cancelled), with the reason naming the dependency that
+  doomed it;
 - a step's message exists exactly while the step is enqueued, and no step
   was ever enqueued twice but by a replay;
 - each workflow's open and failed counts, state and outcome match;
@@ -27,8 +29,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -47,8 +51,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 QUEUES = ["wp-a", "wp-b"]  # plain queues: the claim in acks is made only where no flow rule applies
 WORKER = "wp-worker"
-POLICIES = [frozenset(), frozenset({"dead"}), frozenset({"cancelled"}), frozenset({"dead", "cancelled"})]
-SETTLED = ("acked", "dead", "cancelled")
+POLICIES = [
+    frozenset(),
+    frozenset({"dead"}),
+    frozenset({"cancelled"}),
+    frozenset({"expired"}),
+    frozenset({"dead", "cancelled"}),
+    frozenset({"dead", "cancelled", "expired"}),
+]
+SETTLED = ("acked", "dead", "expired", "cancelled")
 
 PROFILES: Profiles = {
     # name: (max_examples, stateful_step_count) per database vendor
@@ -247,14 +258,15 @@ class WorkflowMachine(RuleBasedStateMachine):
         }
 
     def ended(self) -> list[tuple[int, str]]:
-        """Steps whose message ended dead or cancelled (a replay can bring them back); keyed ones are left
+        """Steps whose message ended dead, expired or cancelled (a replay can bring them back); keyed ones are left
         out (a replay of a keyed message goes through the key's rules, which this model leaves to
         tests/test_workflow_composition.py)."""
         return sorted(
             (run.id, s.name)
             for run in self.runs.values()
             for s in run.steps.values()
-            if s.key is None and (s.state == "dead" or (s.state == "cancelled" and s.message_id is not None))
+            if s.key is None
+            and (s.state in ("dead", "expired") or (s.state == "cancelled" and s.message_id is not None))
         )
 
     # --- producers ---
@@ -268,7 +280,7 @@ class WorkflowMachine(RuleBasedStateMachine):
         """One operation, drawn among those that can act now: claims and finishing steps the most often."""
         choices = []
         if self.ready(QUEUES):
-            choices += ["claim", "claim", "cancel_queued"]
+            choices += ["claim", "claim", "cancel_queued", "expire"]
         if self.handles:
             choices += ["finish", "finish", "ack_then_claim", "ack_then_claim"]
         if self.ended():
@@ -291,7 +303,13 @@ class WorkflowMachine(RuleBasedStateMachine):
                 queue,
                 {"step": name},
                 after=[
-                    Dep(p, ignore_dead="dead" in ign, ignore_cancelled="cancelled" in ign) for p, ign in parents.items()
+                    Dep(
+                        p,
+                        ignore_dead="dead" in ign,
+                        ignore_cancelled="cancelled" in ign,
+                        ignore_expired="expired" in ign,
+                    )
+                    for p, ign in parents.items()
                 ],
                 **({"key": key} if key is not None else {}),
             )
@@ -349,6 +367,18 @@ class WorkflowMachine(RuleBasedStateMachine):
         else:
             assert taken == [], f"acks that released nothing on {queues} claimed {got}"
         self.handles += taken
+
+    def expire(self, data):
+        """Queued steps' messages pass their ``expires_at``: the reaper's batch archives them as expired and
+        settles their steps in its transaction, the batch at once as an ack's."""
+        ready = sorted(self.ready(QUEUES))
+        picked = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=3, unique=True), label="expired")
+        past = timezone.now() - timedelta(hours=1)
+        assert Message.objects.filter(pk__in=picked).update(expires_at=past) == len(picked)
+        expired, _ = Message.objects.expire_batch(100)
+        assert sorted(m.pk for m in expired) == sorted(picked)
+        self.settle([(pk, "expired") for pk in picked])
+        self.learn_ids()
 
     # --- operators ---
 

@@ -545,6 +545,42 @@ def test_a_step_that_tolerated_a_cascade_cancel_waits_again_after_the_replay():
     assert Workflow.status(run.pk)["state"] == "finished"
 
 
+def test_a_replay_that_reopens_a_fan_out_runs_as_many_statements_whatever_its_width():
+    """The cancelled steps' dependencies are read in one locked statement and the steps written by outcome,
+    and so are the waiting children whose count the replay changes: not one statement each. Reopening a
+    10,000-step fan-out must not take 20,000 round trips."""
+
+    def replay_statements(width: int) -> int:
+        workflow = Workflow(f"fan-{width}")
+        workflow.add("a", Q, max_attempts=1)
+        workflow.add("b", Q)
+        for i in range(width):  # half of them also wait for b, so two pending counts come back
+            workflow.add(f"c{i}", Q, after=["a", "b"] if i % 2 else ["a"])
+            # These tolerate a's dead letter and wait for b: after the replay they wait for a again.
+            workflow.add(f"d{i}", Q, after=[Dep("a", ignore_dead=True), "b"])
+        run = workflow.enqueue()
+        take("a").fail("boom", retry=False)
+        dead = ArchivedMessage.objects.get(outcome=Outcome.DEAD)
+        with CaptureQueriesContext(connection) as queries:
+            replay(dead)
+        steps = WorkflowStep.objects.filter(workflow=run)
+        assert {s.name: s.pending for s in steps.exclude(name__in=["a", "b"])} == {
+            **{f"c{i}": 2 if i % 2 else 1 for i in range(width)},
+            **{f"d{i}": 2 for i in range(width)},
+        }
+        take("b").ack()
+        take("a").ack()
+        assert sorted(ready()) == sorted([f"c{i}" for i in range(width)] + [f"d{i}" for i in range(width)])
+        for message in Message.objects.filter(queue=Q):
+            message.delete()
+        ArchivedMessage.objects.all().delete()
+        # The statements on the steps and their edges: not, say, the nudge addresses read once a second.
+        tables = (WorkflowStep._meta.db_table, WorkflowEdge._meta.db_table)
+        return sum(any(table in query["sql"] for table in tables) for query in queries.captured_queries)
+
+    assert replay_statements(4) == replay_statements(40)
+
+
 def lock_waits() -> int:
     """How many sessions wait for a row lock now (PostgreSQL, MariaDB/MySQL)."""
     with connection.cursor() as cursor:

@@ -291,10 +291,9 @@ class Finishing(Leasing[Live]):
                     ArchivedMessage.from_live(m, Outcome.EXPIRED, worker="reaper", error=m.last_error) for m in rows
                 ]
                 ArchivedMessage.objects.using(using).bulk_create(archived)
-                for m in rows:
-                    step = workflows.step_of(m)
-                    if step is not None:  # the join, in this transaction (models/workflows.py)
-                        workflows.settle_step(using, step, m.pk, Outcome.EXPIRED, None, "expired")
+                steps = [(ref, m.pk, Outcome.EXPIRED, None, "expired") for m in rows if (ref := workflows.step_of(m))]
+                if steps:  # the join, in this transaction, for the batch at once, as an ack's (models/workflows.py)
+                    workflows.settle_many(using, steps)
                 return rows, archived
 
         return with_retries(using, run, what="expiry")

@@ -736,16 +736,17 @@ def reopen(using: str, headers: Any, old_message_id: int, new_message_id: int) -
     )
     edges = WorkflowEdge.objects.using(using).filter(workflow_id=workflow_id)
     reopened = [name]
-    # Again until a round reopens none: another replay of this workflow may have moved a step's cause to
-    # this one while this query waited for its locks (PostgreSQL picks a statement's rows at its start),
-    # and a step decided before that one arrived is decided again after it. Each round but the last
-    # reopens a step, so this ends.
+    # Again until a round finds no step it has not seen: another replay of this workflow may have moved a
+    # step's cause to this one while this query waited for its locks (PostgreSQL picks a statement's rows
+    # at its start), and a step decided before that one arrived (even one that stayed cancelled through
+    # it) is decided again after it. Each round but the last sees a new step, so this ends.
+    seen: set[str] = set()
     for _ in range(MAX_STEPS + 1):
         doomed = {s.name: s for s in steps.select_for_update().filter(cause=name, state=StepState.CANCELLED)}
-        newly = _decide_doomed(steps, edges, doomed) if doomed else []
-        if not newly:
+        if not doomed.keys() - seen:
             break
-        reopened += newly
+        seen |= doomed.keys()
+        reopened += _decide_doomed(steps, edges, doomed)
     _recount_children(steps, edges, reopened)
     runs = WorkflowRun.objects.using(using)
     run = runs.select_for_update().get(pk=workflow_id)
@@ -759,14 +760,20 @@ def reopen(using: str, headers: Any, old_message_id: int, new_message_id: int) -
 
 
 def _decide_doomed(steps: Any, edges: Any, doomed: dict[str, WorkflowStep]) -> list[str]:
-    """Decide the steps a replayed step's end had cancelled, in dependency order; returns those reopened."""
+    """Decide the steps a replayed step's end had cancelled, in dependency order; returns those reopened.
+
+    Their dependencies are read locked in one statement; a decision made here changes what the steps
+    after it see (``ends``), and the rows are written at the end, one UPDATE per outcome.
+    """
     parents_of: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for parent, child, ignore in edges.filter(child__in=sorted(doomed)).values_list("parent", "child", "ignore"):
         parents_of[child].append((parent, ignore))
-    reopened = []
+    ends = _locked_ends(steps, sorted({parent for parents in parents_of.values() for parent, _ in parents}))
+    reopened: list[str] = []
+    kept_for: dict[tuple[str, str], list[int]] = defaultdict(list)  # (cause, reason): steps still cancelled
+    waiting_on: dict[int, list[int]] = defaultdict(list)  # pending count: steps reopened
     for step in _in_dependency_order(doomed, parents_of):
         parents = parents_of[step.name]
-        ends = _locked_ends(steps, [p for p, _ in parents])
         # Another parent that ended as it does not tolerate dooms it still: it stays cancelled, now
         # for that parent's end (whose own replay would bring it back); nothing waits for ever.
         dooms = sorted(
@@ -776,13 +783,18 @@ def _decide_doomed(steps: Any, edges: Any, doomed: dict[str, WorkflowStep]) -> l
         )
         if dooms:
             origin, reason = dooms[0]
-            steps.filter(pk=step.pk).update(cause=origin, reason=reason)
+            kept_for[(origin, reason)].append(step.pk)
+            ends[step.name] = (StepState.CANCELLED, origin)
             continue
-        pending = sum(1 for parent, _ in parents if ends.get(parent, ("", None))[0] in OPEN)
-        steps.filter(pk=step.pk).update(
+        waiting_on[sum(1 for parent, _ in parents if ends.get(parent, ("", None))[0] in OPEN)].append(step.pk)
+        ends[step.name] = (StepState.WAITING, None)
+        reopened.append(step.name)
+    for (origin, reason), pks in sorted(kept_for.items()):
+        steps.filter(pk__in=pks).update(cause=origin, reason=reason)
+    for pending, pks in sorted(waiting_on.items()):
+        steps.filter(pk__in=pks).update(
             state=StepState.WAITING, pending=pending, cause=None, reason="", finished_at=None
         )
-        reopened.append(step.name)
     return reopened
 
 
@@ -825,10 +837,13 @@ def _recount_children(steps: Any, edges: Any, reopened: list[str]) -> None:
     states = dict(
         steps.filter(name__in=sorted({p for ps in parents_of.values() for p in ps})).values_list("name", "state")
     )
+    changed: dict[int, list[int]] = defaultdict(list)  # pending count: the steps to set to it
     for step in waiting:
         pending = sum(1 for parent in parents_of[step.name] if states.get(parent) in OPEN)
         if pending != step.pending:
-            steps.filter(pk=step.pk).update(pending=pending)
+            changed[pending].append(step.pk)
+    for pending, pks in sorted(changed.items()):
+        steps.filter(pk__in=pks).update(pending=pending)
 
 
 def unsettled(using: str, limit: int) -> list[tuple[int, str, int]]:
