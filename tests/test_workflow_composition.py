@@ -459,6 +459,39 @@ def test_a_steps_message_replaced_by_another_producers_debounce_is_cancelled_by_
     assert (run.state, run.outcome) == ("finished", "failed")
 
 
+@pytest.mark.parametrize("where", ["another workflow", "the same workflow"])
+def test_a_steps_message_taken_over_by_another_steps_debounce_is_cancelled_by_the_reaper(where):
+    """The message runs the step whose debounce replaced it; the step it was made for did not run. Its
+    workflow used to be marked by the message's id alone: that step acked, its dependents waiting for ever."""
+    first = Workflow("first")
+    first.chain(Step("a", Q, {"n": 1}, key="k", debounce=timedelta(seconds=30)), Step("b", Q))
+    if where == "another workflow":
+        one = first.enqueue()
+        second = Workflow("second")
+        second.add("a", Q, {"n": 2}, key="k", debounce=timedelta(seconds=30))
+        two = second.enqueue()
+    else:
+        first.add("c", Q, {"n": 2}, key="k", debounce=timedelta(seconds=30))
+        one = two = first.enqueue()
+    [message] = Message.objects.all()
+    taker = "a" if where == "another workflow" else "c"
+    assert message.payload == {"n": 2} and message.headers["dbqueue_step"] == [two.pk, taker]
+    Message.objects.update(available_at=timezone.now() - timedelta(seconds=1))
+    claim_step(taker).ack()
+    assert status_of(two)[taker][0] == "acked"
+    assert status_of(one)["a"][0] == "enqueued"  # not run: the reaper's sweep settles it
+    assert Reaper().run_once().steps_settled == 1
+    assert status_of(one)["a"] == (
+        "cancelled",
+        f"its message {message.pk} ran as another's: an enqueue with debounce on its key replaced it",
+    )
+    assert status_of(one)["b"] == ("cancelled", "dependency 'a' ended cancelled")
+    for run in {one, two}:
+        run.refresh_from_db()
+        assert run.state == "finished"
+    assert one.outcome == "failed"
+
+
 def test_a_steps_message_moved_to_another_group_by_a_debounce_is_cancelled_by_the_reaper():
     workflow = Workflow("moved")
     workflow.add("a", Q, {}, key="k", group="g1", debounce=timedelta(seconds=30))

@@ -680,6 +680,32 @@ def test_a_replay_decides_again_a_step_another_replay_handed_to_it(monkeypatch):
     assert Workflow.status(run.pk)["outcome"] == "succeeded"
 
 
+@two_writers
+def test_a_step_reopened_before_a_dependency_handed_over_later_waits_for_it(monkeypatch):
+    """As above, with v after a and w (tolerating w's cancel). a's first round reopens v while w still
+    reads cancelled (handed to a by b's replay), so v waits for a alone; its second round reopens w. v
+    must then wait for w too: it was left waiting for a alone, and ran before w (found by a review)."""
+    workflow = Workflow("handed-late")
+    workflow.add("a", Q, max_attempts=1)
+    workflow.add("b", Q, max_attempts=1)
+    workflow.add("c", Q, after=["a"])
+    workflow.add("w", Q, after=["c", "b"])
+    workflow.add("v", Q, after=["a", Dep("w", ignore_cancelled=True)])
+    run = workflow.enqueue()
+    take("b").fail("boom", retry=False)
+    take("a").fail("boom", retry=False)
+    replay_at_once(monkeypatch, "b", "a")
+    steps = {s.name: (s.state, s.pending) for s in WorkflowStep.objects.filter(workflow=run)}
+    assert steps["w"] == ("waiting", 2) and steps["v"] == ("waiting", 2), steps
+    take("a").ack()
+    take("b").ack()
+    take("c").ack()
+    assert ready() == ["w"]  # v waits for w
+    take("w").ack()
+    take("v").ack()
+    assert Workflow.status(run.pk)["outcome"] == "succeeded"
+
+
 # --- results' bounds ------------------------------------------------------------------------
 
 

@@ -41,21 +41,35 @@ def _rows(cursor: Any) -> list[Any]:
 
 
 def finish_steps(
-    using: str, state: str, message_ids: Sequence[int], outcome: str, reason: str, result: Any = None, note: str = ""
+    using: str,
+    state: str,
+    workflow_id: int,
+    steps: Sequence[tuple[str, int]],
+    outcome: str,
+    reason: str,
+    result: Any = None,
+    note: str = "",
 ) -> int:
-    """Set the steps in ``state`` as ``message_ids`` to ``outcome``, with ``reason``, ``result`` (kept: a JSON
-    value, or None for SQL NULL) and its ``note``; the rows changed. A step in another state is left, by the
-    (state, message id) index: a planner left to choose may intersect the workflow's steps with every enqueued one."""
+    """Set workflow ``workflow_id``'s ``steps`` (name, message id) that are in ``state`` as those messages to
+    ``outcome``, with ``reason``, ``result`` (kept: a JSON value, or None for SQL NULL) and its ``note``; the
+    rows changed. A step in another state is left.
+
+    Each step is named, not found by its message alone: a step whose waiting message another step's
+    debounce took over still holds that message's id, and it did not run (the reaper's sweep cancels it).
+    """
     qn = connections[using].ops.quote_name
     now, _ = compile_now(using)
     value = "NULL" if result is None else json_param(using)
     params: list[Any] = [outcome] + ([] if result is None else [json.dumps(result)])
+    names = sorted({name for name, _ in steps})
+    ids = sorted({message_id for _, message_id in steps})
     return cursors.run(
         using,
         f"UPDATE {qn(STEP_TABLE)} SET {qn('state')} = %s, {qn('result')} = {value}, {qn('result_note')} = %s, "
         f"{qn('reason')} = %s, {qn('finished_at')} = {now} "
-        f"WHERE {qn('state')} = %s AND {qn('message_id')} IN ({_marks(message_ids)})",
-        [*params, note, reason, state, *message_ids],
+        f"WHERE {qn('workflow_id')} = %s AND {qn('name')} IN ({_marks(names)}) AND {qn('state')} = %s "
+        f"AND {qn('message_id')} IN ({_marks(ids)})",
+        [*params, note, reason, workflow_id, *names, state, *ids],
         _rowcount,
     )
 

@@ -445,19 +445,22 @@ def _mark(using: str, workflow_id: int, finished: Sequence[Finished]) -> list[tu
             own.append((entry, kept, why))
     settled: list[tuple[str, str, str | None]] = []
     for (outcome, text), entries in plain.items():
-        ids = [message_id for _, message_id, *_ in entries]
-        changed = joins.finish_steps(using, StepState.ENQUEUED, ids, outcome, text)
+        pairs = [(ref[1], message_id) for ref, message_id, *_ in entries]
+        changed = joins.finish_steps(using, StepState.ENQUEUED, workflow_id, pairs, outcome, text)
         if changed != len(entries):  # some step is no longer enqueued as this message, or its rows are gone
             done = set(
                 WorkflowStep.objects.using(using)
-                .filter(workflow_id=workflow_id, message_id__in=ids, state=outcome)
-                .values_list("message_id", flat=True)
+                .filter(workflow_id=workflow_id, message_id__in=[m for _, m in pairs], state=outcome)
+                .values_list("name", "message_id")
             )
-            entries = [e for e in entries if e[1] in done or _orphan(using, e)]
+            entries = [e for e in entries if (e[0][1], e[1]) in done or _orphan(using, e)]
         settled.extend((ref[1], outcome, None) for ref, _, _, _, _ in entries)
     for (ref, message_id, outcome, _, reason), kept, why in own:
         text = storable_text(reason)[:4000] if outcome != Outcome.ACKED else ""
-        if joins.finish_steps(using, StepState.ENQUEUED, [message_id], outcome, text, kept, why) == 1:
+        if (
+            joins.finish_steps(using, StepState.ENQUEUED, workflow_id, [(ref[1], message_id)], outcome, text, kept, why)
+            == 1
+        ):
             settled.append((ref[1], outcome, None))
         else:
             _orphan(using, (ref, message_id, outcome, None, reason))
@@ -825,7 +828,8 @@ def _locked_ends(steps: Any, names: list[str]) -> dict[str, tuple[str, str | Non
 def _recount_children(steps: Any, edges: Any, reopened: list[str]) -> None:
     """Take the pending count of the waiting children of ``reopened`` steps again from their parents still
     open (a waiting step's count is the number of its dependencies not yet settled)."""
-    children = set(edges.filter(parent__in=reopened).values_list("child", flat=True)) - set(reopened)
+    # Reopened steps too: one reopened in an early round may have a dependency that a later round reopened.
+    children = set(edges.filter(parent__in=reopened).values_list("child", flat=True))
     waiting = list(
         steps.select_for_update().filter(name__in=sorted(children), state=StepState.WAITING).order_by("position")
     )
