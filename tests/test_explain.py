@@ -179,3 +179,15 @@ def test_the_joins_statements_read_the_workflows_rows_by_the_composite_indexes(j
             for index in indexes:
                 assert index in plan, (sql, plan)
             assert "Rows Removed by Filter" not in plan, (sql, plan)  # not a walk of the workflow's 2,000 rows
+
+
+def test_the_finished_steps_are_marked_by_the_state_and_message_index(join_sql):
+    """The batch's steps are found by their messages' ids (one index range each), and each row is then
+    checked to be the step its message names: a test the planner cannot serve by the workflow's rows."""
+    [update] = [sql for sql in join_sql if sql.startswith("UPDATE") and " CASE " in sql and "result_note" in sql]
+    if connection.vendor == "mysql":
+        plan = json.dumps(json.loads(explain(update, "EXPLAIN FORMAT=JSON")[0][0]))
+        assert '"key": "dbqueue_wfstep_state_msg"' in plan, (update, plan)
+    else:
+        plan = "\n".join(row[0] for row in explain(update, "EXPLAIN"))
+        assert "dbqueue_wfstep_state_msg" in plan and "Seq Scan" not in plan, (update, plan)

@@ -492,6 +492,42 @@ def test_a_steps_message_taken_over_by_another_steps_debounce_is_cancelled_by_th
     assert one.outcome == "failed"
 
 
+def test_cancelling_a_workflow_leaves_alone_the_message_another_workflows_step_took_over():
+    first = Workflow("first")
+    first.chain(Step("a", Q, {"n": 1}, key="k", debounce=timedelta(seconds=30)), Step("b", Q))
+    one = first.enqueue()
+    second = Workflow("second")
+    second.add("a", Q, {"n": 2}, key="k", debounce=timedelta(seconds=30))
+    two = second.enqueue()
+    [message] = Message.objects.all()  # the second's a runs it
+    assert Workflow.cancel(one.pk, by="ops") == 0
+    assert Message.objects.get().pk == message.pk and not Message.objects.get().cancel_requested_at
+    assert status_of(one)["b"] == ("cancelled", "workflow cancelled by ops")
+    Message.objects.update(available_at=timezone.now() - timedelta(seconds=1))
+    claim_step("a").ack()
+    assert Reaper().run_once().steps_settled == 1  # the first's a: its message ran as the second's
+    for run, outcome in ((one, "cancelled"), (two, "succeeded")):
+        run.refresh_from_db()
+        assert (run.state, run.outcome) == ("finished", outcome)
+
+
+def test_a_batch_marks_each_step_as_its_own_message_only():
+    """Step a's message was taken over by c's debounce (both hold its id); d holds another. Marking (a, d's
+    message) and (c, the taken message) must mark c alone: not a by c's message, nor d by a's name."""
+    workflow = Workflow("pairs")
+    workflow.add("a", Q, {}, key="k", debounce=timedelta(seconds=30))
+    workflow.add("c", Q, {}, key="k", debounce=timedelta(seconds=30))
+    workflow.add("d", Q, {})
+    run = workflow.enqueue()
+    steps = {s.name: s.message_id for s in WorkflowStep.objects.filter(workflow=run)}
+    assert steps["a"] == steps["c"] != steps["d"]
+    changed = joins.finish_steps(
+        connection.alias, "enqueued", run.pk, [("a", steps["d"]), ("c", steps["c"])], Outcome.ACKED, ""
+    )
+    assert changed == 1
+    assert {n: s for n, (s, _) in status_of(run).items()} == {"a": "enqueued", "c": "acked", "d": "enqueued"}
+
+
 def test_a_steps_message_moved_to_another_group_by_a_debounce_is_cancelled_by_the_reaper():
     workflow = Workflow("moved")
     workflow.add("a", Q, {}, key="k", group="g1", debounce=timedelta(seconds=30))

@@ -54,22 +54,27 @@ def finish_steps(
     ``outcome``, with ``reason``, ``result`` (kept: a JSON value, or None for SQL NULL) and its ``note``; the
     rows changed. A step in another state is left.
 
-    Each step is named, not found by its message alone: a step whose waiting message another step's
-    debounce took over still holds that message's id, and it did not run (the reaper's sweep cancels it).
+    Found by the (state, message id) index: a planner left to choose may intersect the workflow's steps
+    with every enqueued one. Each row must then be the step its message names: a step whose waiting
+    message another step's debounce took over holds the same id, and did not run (the reaper's sweep
+    cancels it). That test is a ``CASE`` of the row's message id, which no index serves, so it cannot draw
+    the planner away from the message ids.
     """
     qn = connections[using].ops.quote_name
     now, _ = compile_now(using)
     value = "NULL" if result is None else json_param(using)
     params: list[Any] = [outcome] + ([] if result is None else [json.dumps(result)])
-    names = sorted({name for name, _ in steps})
-    ids = sorted({message_id for _, message_id in steps})
+    ids = [int(message_id) for _, message_id in steps]  # integers in the text (`note_enqueued`); names are parameters
+    workflows = " ".join(f"WHEN {message_id} THEN {int(workflow_id)}" for message_id in ids)
+    names = " ".join(f"WHEN {message_id} THEN %s" for message_id in ids)
     return cursors.run(
         using,
         f"UPDATE {qn(STEP_TABLE)} SET {qn('state')} = %s, {qn('result')} = {value}, {qn('result_note')} = %s, "
         f"{qn('reason')} = %s, {qn('finished_at')} = {now} "
-        f"WHERE {qn('workflow_id')} = %s AND {qn('name')} IN ({_marks(names)}) AND {qn('state')} = %s "
-        f"AND {qn('message_id')} IN ({_marks(ids)})",
-        [*params, note, reason, workflow_id, *names, state, *ids],
+        f"WHERE {qn('state')} = %s AND {qn('message_id')} IN ({', '.join(map(str, ids))}) "
+        f"AND {qn('workflow_id')} = CASE {qn('message_id')} {workflows} END "
+        f"AND {qn('name')} = CASE {qn('message_id')} {names} END",
+        [*params, note, reason, state, *(name for name, _ in steps)],
         _rowcount,
     )
 

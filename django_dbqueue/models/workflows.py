@@ -714,7 +714,18 @@ def cancel_waiting(using: str, workflow_id: int, by: str) -> list[int]:
         if runs.select_for_update().filter(pk=workflow_id, state=WorkflowRun.RUNNING).exists():
             runs.filter(pk=workflow_id).update(outcome=WorkflowOutcome.CANCELLED)
         _close(using, workflow_id, len(waiting), len(waiting))
-        return [pk for pk in steps.filter(state=StepState.ENQUEUED).values_list("message_id", flat=True) if pk]
+        enqueued: dict[int, set[str]] = defaultdict(set)
+        for name, message_id in steps.filter(state=StepState.ENQUEUED).values_list("name", "message_id"):
+            if message_id is not None:
+                enqueued[message_id].add(name)
+        # Only the messages that run this workflow's steps: a step whose waiting message another step's
+        # debounce took over (maybe another workflow's) holds that message's id, and the message is the other's.
+        live = message_model().objects.using(using).filter(pk__in=sorted(enqueued)).values_list("pk", "headers")
+        return sorted(
+            pk
+            for pk, headers in live
+            if (ref := step_ref(headers)) and ref[0] == workflow_id and ref[1] in enqueued[pk]
+        )
 
 
 def reopen(using: str, headers: Any, old_message_id: int, new_message_id: int) -> None:
