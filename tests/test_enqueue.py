@@ -131,6 +131,28 @@ def test_values_every_row_shares_are_written_once_and_stored_exactly():
     assert all(m.headers == headers and m.kind == tricky[:100] for m in stored)
 
 
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite binds every value of every row")
+def test_enqueue_many_sends_what_its_messages_share_once():
+    """PostgreSQL gets one value per shared column (not an array of copies), MySQL one quoted into the text."""
+    sent: list[object] = []
+
+    def keep(execute, sql, params, many, context):
+        if sql.startswith("INSERT"):
+            sent.extend(params)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(keep):
+        django_dbqueue.enqueue_many("bulk-shared", [{"n": n} for n in range(50)], kind="k-shared")
+    flat = [v for p in sent for v in (p if isinstance(p, list) else [p])]
+    assert flat.count("bulk-shared") <= 1 and flat.count("k-shared") <= 1
+    assert sorted(v for v in flat if isinstance(v, str) and v.startswith('{"n"')) == sorted(
+        f'{{"n": {n}}}' for n in range(50)
+    )
+    assert sorted(m.payload["n"] for m in Message.objects.filter(queue="bulk-shared", kind="k-shared")) == list(
+        range(50)
+    )
+
+
 def test_rows_of_one_insert_keep_the_values_they_do_not_share():
     """Copies of one payload to several queues, one with its own priority and time: each row keeps its own."""
     pending = [

@@ -7,7 +7,7 @@ own way come from here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import connections
@@ -106,14 +106,30 @@ def for_update_of(using: str, table: str, *, skip_locked: bool = False) -> str:
     return lock + (" SKIP LOCKED" if skip_locked else "")
 
 
-def array_columns(using: str, types: list[str]) -> str:
-    """PostgreSQL: ``SELECT * FROM unnest(%s::type[], ...)``, the rows of an INSERT given one array per column.
+def array_columns(using: str, types: list[str], shared: Sequence[bool]) -> str:
+    """PostgreSQL: the rows of an INSERT given one array per column that varies and one value per column that doesn't.
 
-    Elsewhere '': the INSERT lists its rows. (Django's own bulk_create does the same on PostgreSQL.)
+    ``SELECT %s::type, u.c1, ... FROM unnest(%s::type[], ...) AS u(c1, ...)``:
+    the shared values' placeholders come first (in column order), then the
+    arrays'. A shared column sent as one value instead of an array of
+    copies: the driver adapts each element of an array on its own, which
+    was most of a batch's time when every row but the payload is alike.
+    Elsewhere '': the INSERT lists its rows. (Django's own bulk_create sends
+    one array per column on PostgreSQL.)
     """
-    if connections[using].vendor != "postgresql":
+    if not inserts_arrays(using):
         return ""
-    return "SELECT * FROM unnest(" + ", ".join(f"%s::{t}[]" for t in types) + ")"
+    varying = [i for i, same in enumerate(shared) if not same]
+    if not varying:  # unnest() gives the rows' count: it needs an array
+        raise ValueError("array_columns needs at least one column that varies")
+    selected = ", ".join(f"u.c{i}" if i in varying else f"%s::{t}" for i, t in enumerate(types))
+    arrays = ", ".join(f"%s::{types[i]}[]" for i in varying)
+    return f"SELECT {selected} FROM unnest({arrays}) AS u({', '.join(f'c{i}' for i in varying)})"
+
+
+def inserts_arrays(using: str) -> bool:
+    """Whether a multi-row INSERT takes its rows as arrays (`array_columns`): PostgreSQL."""
+    return connections[using].vendor == "postgresql"
 
 
 def insert_returns_ids(using: str) -> bool:

@@ -9,7 +9,6 @@ The model is reached through ``self.model``: this module sits below
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -25,7 +24,7 @@ from ..db.transactions import write_transaction
 from ..exceptions import InvalidOption, PayloadNotSerializable, UnknownOption
 from . import events, flow
 from .protocols import Live, LiveMessage
-from .statements import insert_message, insert_messages, statement_chunks
+from .statements import headers_json, insert_message, insert_messages, statement_chunks
 from .states import StateReads
 
 ENQUEUE_OPTIONS = frozenset(
@@ -144,13 +143,16 @@ class Inserting(StateReads[Live]):
             return first.with_payload(payload, own)
 
         pending = [(first, delay), *((copy(payload), delay) for payload in payloads[1:])]
-        return self.using(using).insert_built(pending)
+        return self.using(using).insert_built(pending, alike=True)
 
-    def insert_built(self, pending: list[tuple[Live, float | None]]) -> list[Live]:
-        """Insert built messages (with their delays) and announce the ones this call created."""
+    def insert_built(self, pending: list[tuple[Live, float | None]], *, alike: bool = False) -> list[Live]:
+        """Insert built messages (with their delays) and announce the ones this call created.
+
+        ``alike``: each is the first but for its payload and headers (see `insert_messages`).
+        """
         if not pending:
             return []
-        result = self.insert_many(pending)
+        result = self.insert_many(pending, alike=alike)
         events.enqueued(result, self.db)
         return result
 
@@ -318,7 +320,7 @@ class Inserting(StateReads[Live]):
                 # The live one finished between our insert and our read: try again.
         raise IntegrityError(f"could not insert or find key {message.key!r} in queue {message.queue!r}")
 
-    def insert_many(self, pending: list[tuple[Live, float | None]]) -> list[Live]:
+    def insert_many(self, pending: list[tuple[Live, float | None]], *, alike: bool = False) -> list[Live]:
         """Insert built messages (with their delays), keyed or not, of one or more queues.
 
         One transaction, multi-row inserts, retried on the database's weather.
@@ -326,33 +328,39 @@ class Inserting(StateReads[Live]):
         """
         if len(pending) == 1:  # one INSERT that returns its id on every database
             return [self.insert(*pending[0])]
-        return with_retries(self.db, lambda: self._insert_many(pending), what="enqueue_many")
+        return with_retries(self.db, lambda: self._insert_many(pending, alike), what="enqueue_many")
 
-    def _insert_many(self, pending: list[tuple[Live, float | None]]) -> list[Live]:
+    def _insert_many(self, pending: list[tuple[Live, float | None]], alike: bool) -> list[Live]:
         using = self.db
         batch = get_settings().enqueue_batch_size
         now = db_now(using)
-        messages = []
-        for message, delay in pending:
+        due: dict[float | None, datetime] = {}  # by delay: the messages of one call mostly share one
+        messages: list[Live] = []
+        plain: list[Live] = []
+        keyed: list[Live] = []
+        ruled: list[Live] = []
+        turns: dict[str, set[str]] = defaultdict(set)
+        for message, delay in pending:  # one pass over what may be many thousands
             message.created_at = now
             if message.available_at is None:
-                message.available_at = message.first_available_at = now + timedelta(seconds=delay or 0)
+                if delay not in due:
+                    due[delay] = now + timedelta(seconds=delay or 0)
+                message.available_at = message.first_available_at = due[delay]
             messages.append(message)
+            if message.key is None:
+                plain.append(message)
+            else:
+                (ruled if _has_key_rules(message) else keyed).append(message)
+            if message.group is not None and flow.takes_turns(using, message.queue):
+                turns[message.queue].add(message.group)
         with write_transaction(using):
-            turns: dict[str, set[str]] = defaultdict(set)
-            for message in messages:
-                if message.group is not None and flow.takes_turns(using, message.queue):
-                    turns[message.queue].add(message.group)
             for queue, groups in sorted(turns.items()):
                 flow.take_turns(using, queue, groups)
-            plain = [m for m in messages if m.key is None]
-            insert_messages(using, plain, batch)
+            insert_messages(using, plain, batch, alike=alike)
             for message in plain:
                 message._dbqueue_created = True
-            keyed = [m for m in messages if m.key is not None and not _has_key_rules(m)]
-            for message in messages:
-                if message.key is not None and _has_key_rules(message):
-                    message._dbqueue_created = self._insert_keyed_one(message, now)
+            for message in ruled:
+                message._dbqueue_created = self._insert_keyed_one(message, now)
             if not keyed:
                 return messages
             live = self._insert_keyed(keyed, batch)
@@ -402,7 +410,7 @@ class Inserting(StateReads[Live]):
 
 def _json_bytes(message: LiveMessage) -> int:
     """A message's payload and headers as the INSERT writes them (JSON text, non-ASCII escaped), in bytes."""
-    return len(message.payload_json()) + (len(json.dumps(message.headers)) if message.headers else 2)
+    return len(message.payload_json()) + len(headers_json(message))
 
 
 def _has_key_rules(message: LiveMessage) -> bool:

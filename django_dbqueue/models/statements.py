@@ -20,7 +20,7 @@ from django.db import connections
 from ..db import cursors
 from ..db.capabilities import statement_bytes, writable_ctes
 from ..db.clock import aware_clock, compile_now, db_now, now_plus_seconds
-from ..db.sql import array_columns, insert_returns_ids, json_param, quoter
+from ..db.sql import array_columns, insert_returns_ids, inserts_arrays, json_param, quoter
 from .protocols import LiveMessage
 
 # The tables' names: a documented contract (docs/table-layout.md); the models' Meta use these.
@@ -248,7 +248,7 @@ def inserted_values(m: LiveMessage, adapt: Callable[[Any], Any]) -> list[Any]:
         m.key,
         m.group,
         m.payload_json(),
-        json.dumps(m.headers) if m.headers else "{}",
+        headers_json(m),
         m.priority,
         adapt(m.available_at),
         adapt(m.first_available_at),
@@ -415,13 +415,19 @@ def row_json_bytes(row: list[Any]) -> int:
     return len(row[PAYLOAD]) + len(row[HEADERS])
 
 
-def insert_messages(using: str, messages: Sequence[LiveMessage], batch_size: int) -> None:
+def insert_messages(using: str, messages: Sequence[LiveMessage], batch_size: int, *, alike: bool = False) -> None:
     """Multi-row INSERT of unsaved, validated messages; sets their ids where the database returns them.
 
     ``bulk_create`` prepares every field of every row through the ORM, which
     made ``enqueue_many`` several times slower than the INSERT itself. The
-    values here are already validated, so they only need adapting.
+    values here are already validated, so they only need adapting. A column
+    every row of a statement shares (the queue, the times) is sent once,
+    not once per row. ``alike``: each message is the first but for its
+    payload and headers (``enqueue_many``'s, copied from the first): only
+    those two are compared row by row.
     """
+    if not messages:
+        return
     connection = connections[using]
     qn = connection.ops.quote_name
     adapted: dict[Any, Any] = {}
@@ -435,32 +441,42 @@ def insert_messages(using: str, messages: Sequence[LiveMessage], batch_size: int
     json_sql = json_param(using)
     cells = [json_sql if c in ("payload", "headers") else "%s" for c in INSERTED]
     quote = quoter(using)
+    shares = quote is not None or inserts_arrays(using)  # SQLite binds every value of every row
     returning = insert_returns_ids(using)
     per_statement = batch_size
     if connection.features.max_query_params:
         per_statement = max(1, min(batch_size, connection.features.max_query_params // len(INSERTED)))
     head = f"INSERT INTO {qn(MESSAGE_TABLE)} ({', '.join(qn(c) for c in INSERTED)}) "
     model = message_model()
-    arrays = array_columns(using, [str(model._meta.get_field(attribute(c)).db_type(connection)) for c in INSERTED])
-    every_row = [inserted_values(m, adapt) for m in messages]
+    types = [str(model._meta.get_field(attribute(c)).db_type(connection)) for c in INSERTED]
+    if alike:
+        template = inserted_values(messages[0], adapt)
+        every_row = [_with_json(template, m) for m in messages]
+        varying: Sequence[int] = (PAYLOAD, HEADERS)
+    else:
+        every_row = [inserted_values(m, adapt) for m in messages]
+        varying = COLUMNS
     done = 0
     with connection.cursor() as cursor:
         for rows in statement_chunks(using, every_row, per_statement, row_json_bytes):
             chunk = messages[done : done + len(rows)]
             done += len(rows)
+            first = rows[0]
+            shared = [
+                shares and i != PAYLOAD and (i not in varying or all(row[i] == first[i] for row in rows))
+                for i in COLUMNS
+            ]
+            kept = [i for i in COLUMNS if not shared[i]]
+            arrays = array_columns(using, types, shared)
             if arrays:
-                # One array per column: as many parameters as columns, whatever the rows, which the
-                # driver prepares in no time (with one placeholder per value, that was half the cost).
-                sql, params = head + arrays, [list(column) for column in zip(*rows, strict=True)]
+                # One value per shared column and one array per other column, whatever the rows: the
+                # driver prepares them in no time (with one placeholder per value, that was half the cost).
+                sql = head + arrays
+                params = [first[i] for i in COLUMNS if shared[i]] + [[row[i] for row in rows] for i in kept]
             else:
-                # The payloads differ; a column every row shares (the queue, the times) is quoted once.
-                first = rows[0]
-                shared = [
-                    i != PAYLOAD and quote is not None and all(row[i] == first[i] for row in rows) for i in COLUMNS
-                ]
+                # A shared column's value is quoted once, into the statement's text (MySQLdb quotes it so).
                 row_sql = ", ".join(quote(first[i]) if shared[i] and quote else cells[i] for i in COLUMNS)
                 sql = head + "VALUES " + ", ".join([f"({row_sql})"] * len(chunk))
-                kept = [i for i in COLUMNS if not shared[i]]
                 params = [row[i] for row in rows for i in kept]
             cursor.execute(sql + (f" RETURNING {qn('id')}" if returning else ""), params)
             if returning:
@@ -469,6 +485,19 @@ def insert_messages(using: str, messages: Sequence[LiveMessage], batch_size: int
     for message in messages:
         message._state.adding = False
         message._state.db = using
+
+
+def _with_json(template: list[Any], message: LiveMessage) -> list[Any]:
+    """``template`` (a row of `inserted_values`) with ``message``'s payload and headers."""
+    row = template.copy()
+    row[PAYLOAD] = message.payload_json()
+    row[HEADERS] = headers_json(message)
+    return row
+
+
+def headers_json(message: LiveMessage) -> str:
+    """A message's headers as the JSON text an INSERT stores."""
+    return json.dumps(message.headers) if message.headers else "{}"
 
 
 def distinct_leading(using: str, table: str, column: str, limit: int | None = None) -> list[str]:
