@@ -153,6 +153,14 @@ def test_enqueue_many_sends_what_its_messages_share_once():
     )
 
 
+@pytest.mark.parametrize("priority", [-32768, 32766])
+def test_enqueue_many_stores_the_extreme_priorities_every_row_shares(priority):
+    """A shared value is sent once: -32768 must not read as ``-(32768::smallint)`` on PostgreSQL."""
+    messages = django_dbqueue.enqueue_many("bulk-extreme", [{"n": 1}, {"n": 2}], priority=priority)
+    assert len(messages) == 2
+    assert list(Message.objects.filter(queue="bulk-extreme").values_list("priority", flat=True)) == [priority] * 2
+
+
 def test_rows_of_one_insert_keep_the_values_they_do_not_share():
     """Copies of one payload to several queues, one with its own priority and time: each row keeps its own."""
     pending = [

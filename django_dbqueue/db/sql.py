@@ -109,7 +109,9 @@ def for_update_of(using: str, table: str, *, skip_locked: bool = False) -> str:
 def array_columns(using: str, types: list[str], shared: Sequence[bool]) -> str:
     """PostgreSQL: the rows of an INSERT given one array per column that varies and one value per column that doesn't.
 
-    ``SELECT %s::type, u.c1, ... FROM unnest(%s::type[], ...) AS u(c1, ...)``:
+    ``SELECT CAST(%s AS type), u.c1, ... FROM unnest(%s::type[], ...) AS u(c1, ...)``
+    (``CAST``, not ``%s::type``: a client-side bound -32768 would read
+    ``-32768::smallint``, the minus applied after the cast, out of range):
     the shared values' placeholders come first (in column order), then the
     arrays'. A shared column sent as one value instead of an array of
     copies: the driver adapts each element of an array on its own, which
@@ -122,7 +124,7 @@ def array_columns(using: str, types: list[str], shared: Sequence[bool]) -> str:
     varying = [i for i, same in enumerate(shared) if not same]
     if not varying:  # unnest() gives the rows' count: it needs an array
         raise ValueError("array_columns needs at least one column that varies")
-    selected = ", ".join(f"u.c{i}" if i in varying else f"%s::{t}" for i, t in enumerate(types))
+    selected = ", ".join(f"u.c{i}" if i in varying else f"CAST(%s AS {t})" for i, t in enumerate(types))
     arrays = ", ".join(f"%s::{types[i]}[]" for i in varying)
     return f"SELECT {selected} FROM unnest({arrays}) AS u({', '.join(f'c{i}' for i in varying)})"
 
