@@ -146,7 +146,7 @@ def quoter(using: str) -> Callable[[Any], str] | None:
     each shared value once into its text, instead of having it quoted again
     for every row: the driver's quoting was a third of ``enqueue_many``'s
     time on MariaDB. The text is ready for the driver's ``%`` formatting.
-    Elsewhere None: PostgreSQL gets arrays, SQLite binds natively.
+    Elsewhere None: PostgreSQL gets arrays and typed values (`array_columns`), SQLite binds natively.
     """
     connection = connections[using]
     if connection.vendor != "mysql":
