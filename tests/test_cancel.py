@@ -1,6 +1,5 @@
 """Cancel a message, also while it runs; progress and meta reported by a running handler."""
 
-import os
 import signal
 import sys
 from datetime import timedelta
@@ -19,7 +18,7 @@ from django_dbqueue.reaper import Reaper
 from django_dbqueue.running import HandlerOutcome, process
 from django_dbqueue.worker.heartbeat import Heartbeat
 from django_dbqueue.worker.ledger import Ledger
-from tests.support.processes import read_marks, start_worker, wait_for
+from tests.support.processes import alive, read_marks, start_worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -283,19 +282,6 @@ def test_the_reaper_cancels_a_flagged_message_whose_lease_ran_out():
     Message.objects.filter(pk=message.pk).update(available_at=timezone.now() - timedelta(seconds=1))
     report = Reaper().run_once()
     assert report.cancelled == 1 and "lease ran out" in ArchivedMessage.objects.get().last_error
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not yet reaped by its parent) counts as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("bad", [15.5, None, "15", True, 0, -3])

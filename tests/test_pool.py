@@ -31,24 +31,12 @@ from django_dbqueue.models import ArchivedMessage, Message, Outcome, Worker
 from django_dbqueue.worker import ExitStatus, QueueWorker, WorkerConfig
 from django_dbqueue.worker import supervisor as supervisor_module
 from django_dbqueue.worker.supervisor import PoolConfig, Supervisor, child_environment, exit_text
-from tests.support.processes import ROOT, LoggedCommands, read_marks, wait_for
+from tests.support.processes import ROOT, LoggedCommands, alive, read_marks, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 # --- helpers -------------------------------------------------------------------
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not: an orphan's exit waits for init to collect it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 def pool_children(supervisor_pid: int) -> list[int]:

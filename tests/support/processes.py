@@ -116,6 +116,23 @@ def retried(log: str) -> list[str]:
     return [line for line in log.splitlines() if RETRIED.search(line)]
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs; a zombie (exited, its parent not yet told) counts as gone.
+
+    The process can be reaped between any two steps here: /proc then answers
+    ENOENT at the open or ESRCH at the read, both gone.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def wait_for(condition, timeout: float = 60, interval: float = 0.05, what: str = "condition"):
     """Poll ``condition`` until it returns something true; fail after ``timeout`` seconds."""
     import time
