@@ -7,6 +7,7 @@ import math
 import re
 import textwrap
 import uuid
+from collections.abc import Callable
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from itertools import repeat
@@ -75,8 +76,30 @@ def validate_queues(queues: str | list[str] | tuple[str, ...]) -> list[str]:
 # larger than MAX_JSON_BYTES would be refused by MySQL's max_allowed_packet
 # (16 MiB by default) once a batch of them is inserted together.
 MAX_JSON_DEPTH = 24
-# One encoder for every check: json.dumps(allow_nan=False) builds a new one per call.
-_ENCODE = json.JSONEncoder(allow_nan=False).encode
+
+
+def _unencodable(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _one_encoder() -> Callable[[Any], str]:
+    """The JSON text ``json.dumps(value, allow_nan=False)`` writes, by one encoder made once.
+
+    ``json.dumps`` makes its C encoder anew on every call, which cost twice
+    the encoding of a small payload. One made without the markers that catch
+    a circular reference can be kept and reused: a cycle then ends in
+    RecursionError, which sends the value to `json_problem`, which names it.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # no C accelerator (another Python implementation)
+        return json.JSONEncoder(allow_nan=False, check_circular=False).encode
+    # The arguments JSONEncoder passes it: markers, default, string encoder, indent, key and item
+    # separators, sort_keys, skipkeys, allow_nan.
+    chunks = make(None, _unencodable, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, False)
+    return lambda value: "".join(chunks(value, 0))
+
+
+_ENCODE = _one_encoder()
 MAX_JSON_BYTES = 1_000_000
 # The longest delay anything accepts: ten years. A delay past year 9999
 # overflows every database's timestamp.

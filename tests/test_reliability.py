@@ -83,6 +83,23 @@ class Level(enum.IntEnum):
     HIGH = 1
 
 
+class Subclassed(str):
+    pass
+
+
+def cyclic_list() -> list:
+    """A list that holds itself: the kept encoder has no markers, so it ends in RecursionError."""
+    value: list = [1]
+    value.append(value)
+    return value
+
+
+def cyclic_dict() -> dict:
+    value: dict = {"a": 1}
+    value["self"] = value
+    return value
+
+
 # Values at the edges of what payload_json() takes: its quick check (json.dumps, then the containers) must
 # give what the walk over every value gives, the text to store or the walk's refusal word for word.
 EDGES = [
@@ -114,11 +131,25 @@ EDGES = [
     nested_dicts(validation.MAX_JSON_DEPTH + 1),
     {"k": [nested_dicts(validation.MAX_JSON_DEPTH - 1)]},
     nested(2000),
+    cyclic_list(),
+    cyclic_dict(),
+    {"long": 10 ** (validation.MAX_INT_DIGITS + 5)},  # past Python's int_max_str_digits
+    [1, object()],
+    {"sub": Subclassed("text")},
 ]
 
 
+@pytest.fixture(params=["C accelerator", "pure Python"])
+def encoder(request, monkeypatch):
+    """The kept encoder as made with json's C accelerator, and as made where there is none."""
+    if request.param == "pure Python":
+        monkeypatch.setattr(json.encoder, "c_make_encoder", None)
+        monkeypatch.setattr(validation, "_ENCODE", validation._one_encoder())
+    return request.param
+
+
 @pytest.mark.parametrize("payload", EDGES, ids=range(len(EDGES)))
-def test_the_payload_check_takes_and_refuses_what_the_walk_over_every_value_does(payload):
+def test_the_payload_check_takes_and_refuses_what_the_walk_over_every_value_does(payload, encoder):
     why = validation.json_problem(payload, "payload")
     if why is None:
         assert validation.payload_json(payload) == json.dumps(payload)

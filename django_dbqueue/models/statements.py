@@ -449,6 +449,7 @@ def insert_messages(using: str, messages: Sequence[LiveMessage], batch_size: int
     head = f"INSERT INTO {qn(MESSAGE_TABLE)} ({', '.join(qn(c) for c in INSERTED)}) "
     model = message_model()
     types = [str(model._meta.get_field(attribute(c)).db_type(connection)) for c in INSERTED]
+    pk_name = model._meta.pk.attname
     if alike:
         template = inserted_values(messages[0], adapt)
         every_row = [_with_json(template, m) for m in messages]
@@ -481,7 +482,7 @@ def insert_messages(using: str, messages: Sequence[LiveMessage], batch_size: int
             cursor.execute(sql + (f" RETURNING {qn('id')}" if returning else ""), params)
             if returning:
                 for message, (pk,) in zip(chunk, cursor.fetchall(), strict=True):
-                    message.pk = pk
+                    message.__dict__[pk_name] = pk  # the field's value, as ``message.pk = pk`` sets it
     for message in messages:
         message._state.adding = False
         message._state.db = using
