@@ -1,6 +1,7 @@
 """queuebench runs every phase end to end (tiny sizes: this checks it works, not how fast)."""
 
 import json
+import re
 
 import pytest
 from django.core.management import call_command
@@ -50,6 +51,10 @@ def test_every_phase_runs_and_reports(monkeypatch, capsys):
     }
     for name in ("enqueue", "enqueue_many", "drain", "drain_write", "per_message"):
         assert phases[name]["ours"] > 0 and phases[name]["baseline"] > 0 and phases[name]["ratio"] > 0
+    for name in ("enqueue", "enqueue_many"):
+        extra = phases[name]["extra"]
+        # This process's CPU per message on each side: the producer's own cost, which wall time hides.
+        assert extra["cpu_us_per_message"] > 0 and extra["raw_cpu_us_per_message"] > 0 and extra["cpu_ratio"] > 0
     for name in ("drain", "drain_write", "per_message"):
         extra = phases[name]["extra"]
         # CPU per message is reported for both sides, from the worker processes' own accounting.
@@ -110,6 +115,16 @@ def test_repeat_reports_medians_of_the_runs(capsys):
         runs = result["extra"]["runs"]
         assert len(runs) == 3 and result["baseline"] > 0
         assert min(r["messages"] for r in runs) == result["extra"]["messages"] == 50
+        cpu = sorted(r["cpu_us_per_message"] for r in runs)
+        assert result["extra"]["cpu_us_per_message"] == cpu[1] > 0  # the median of the three
+
+
+def test_the_producer_phases_print_their_cpu_per_message(capsys):
+    call_command("queuebench", "--phases=enqueue,enqueue_many", "--messages=20")
+    lines = capsys.readouterr().out.splitlines()
+    for phase in ("enqueue (one at a time)", "enqueue_many"):
+        below = lines[next(i for i, line in enumerate(lines) if line.startswith(phase)) + 1]
+        assert re.fullmatch(r" {4}producer CPU [0-9.]+ µs per message \(raw [0-9.]+, [0-9.]+x\)", below), below
 
 
 def test_soak_drains_every_message_once_and_reports_tenths(monkeypatch, capsys):
