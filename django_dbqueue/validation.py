@@ -6,12 +6,12 @@ import json
 import math
 import re
 import textwrap
+import threading
 import uuid
-from collections.abc import Callable
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from itertools import repeat
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from django.db.models import Model
 from django.utils import timezone
@@ -78,28 +78,48 @@ def validate_queues(queues: str | list[str] | tuple[str, ...]) -> list[str]:
 MAX_JSON_DEPTH = 24
 
 
-def _unencodable(value: Any) -> Any:
+def _unencodable(value: Any) -> NoReturn:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def _one_encoder() -> Callable[[Any], str]:
-    """The JSON text ``json.dumps(value, allow_nan=False)`` writes, by one encoder made once.
+# Each thread's kept encoder: (the C encoder or None, its markers).
+_KEPT = threading.local()
+_PURE_PYTHON = json.JSONEncoder(allow_nan=False).encode
+
+
+def _new_encoder() -> tuple[Any, dict[int, Any]]:
+    markers: dict[int, Any] = {}
+    make = getattr(json.encoder, "c_make_encoder", None)  # None: no C accelerator (another implementation)
+    # JSONEncoder's arguments: markers, default, string encoder, indent, separators, sort_keys, skipkeys, allow_nan.
+    chunks = make and make(
+        markers, _unencodable, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, False
+    )
+    return chunks, markers
+
+
+def _encode(value: Any) -> str:
+    """The JSON text ``json.dumps(value, allow_nan=False)`` writes, by an encoder made once per thread.
 
     ``json.dumps`` makes its C encoder anew on every call, which cost twice
-    the encoding of a small payload. One made without the markers that catch
-    a circular reference can be kept and reused: a cycle then ends in
-    RecursionError, which sends the value to `json_problem`, which names it.
+    the encoding of a small payload. One can be kept, with the markers that
+    catch a circular reference early (without them a cycle runs the C stack
+    down to the recursion limit, which a thread with a small stack does not
+    survive); the markers are one thread's at a time, so each thread keeps
+    its own.
     """
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # no C accelerator (another Python implementation)
-        return json.JSONEncoder(allow_nan=False, check_circular=False).encode
-    # The arguments JSONEncoder passes it: markers, default, string encoder, indent, key and item
-    # separators, sort_keys, skipkeys, allow_nan.
-    chunks = make(None, _unencodable, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, False)
-    return lambda value: "".join(chunks(value, 0))
+    try:
+        chunks, markers = _KEPT.encoder
+    except AttributeError:
+        chunks, markers = _KEPT.encoder = _new_encoder()
+    if chunks is None:
+        return _PURE_PYTHON(value)
+    try:
+        return "".join(chunks(value, 0))
+    except BaseException:
+        markers.clear()  # an error leaves the ids of the containers it was inside
+        raise
 
 
-_ENCODE = _one_encoder()
 MAX_JSON_BYTES = 1_000_000
 # The longest delay anything accepts: ten years. A delay past year 9999
 # overflows every database's timestamp.
@@ -161,7 +181,9 @@ def json_problem(value: Any, path: str, *, max_depth: int = MAX_JSON_DEPTH) -> s
         if isinstance(item, dict):
             for key, child in item.items():
                 if not isinstance(key, str):
-                    return f"{where} has a key {key!r} of type {type(key).__name__}; JSON object keys are strings"
+                    return (
+                        f"{where} has a key {_key_text(key)} of type {type(key).__name__}; JSON object keys are strings"
+                    )
                 if (why := text_problem(key, f"{where} key {key!r:.40}")) is not None:
                     return why
                 children.append((child, f"{where}[{key!r}]", depth + 1))
@@ -169,6 +191,14 @@ def json_problem(value: Any, path: str, *, max_depth: int = MAX_JSON_DEPTH) -> s
             children = [(child, f"{where}[{index}]", depth + 1) for index, child in enumerate(item)]
         stack.extend(reversed(children))
     return None
+
+
+def _key_text(key: Any) -> str:
+    """``repr(key)``, or what it is where Python will not write it (an integer past int_max_str_digits)."""
+    try:
+        return repr(key)
+    except ValueError:
+        return f"<an integer of more than {MAX_INT_DIGITS:,} digits>"
 
 
 def short_repr(value: Any, width: int = 80) -> str:
@@ -218,7 +248,7 @@ def _plain_json(value: Any) -> str | None:
     at all. None sends the caller to the walk, which names the problem.
     """
     try:
-        text = _ENCODE(value)
+        text = _encode(value)
     except (TypeError, ValueError, RecursionError):
         return None
     if "\\u0000" in text or "\\ud" in text:

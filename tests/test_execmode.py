@@ -4,7 +4,6 @@ These run real commands (Python and sh) without a database: the runner is
 what decides memory, time and what text reaches the archive.
 """
 
-import os
 import resource
 import sys
 import time
@@ -14,6 +13,7 @@ import pytest
 
 from django_dbqueue.exceptions import CommandFailed
 from django_dbqueue.execmode import TAIL, ExecHandler
+from tests.support.processes import alive
 
 PY = sys.executable
 
@@ -62,9 +62,7 @@ def test_a_command_past_its_timeout_is_killed_with_its_process_group(tmp_path):
     child = int(pids.read_text())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
+        if not alive(child):  # gone, or a zombie its new parent has not collected yet
             break
         time.sleep(0.1)
     else:

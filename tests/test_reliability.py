@@ -5,8 +5,13 @@ path to the same rule; each runs on SQLite, MariaDB and PostgreSQL. Faults that 
 tests/test_faults.py.
 """
 
+import ast
 import enum
 import json
+import subprocess
+import sys
+import textwrap
+import threading
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -88,7 +93,7 @@ class Subclassed(str):
 
 
 def cyclic_list() -> list:
-    """A list that holds itself: the kept encoder has no markers, so it ends in RecursionError."""
+    """A list that holds itself: the kept encoder's markers catch it at its second visit."""
     value: list = [1]
     value.append(value)
     return value
@@ -136,6 +141,7 @@ EDGES = [
     {"long": 10 ** (validation.MAX_INT_DIGITS + 5)},  # past Python's int_max_str_digits
     [1, object()],
     {"sub": Subclassed("text")},
+    {10 ** (validation.MAX_INT_DIGITS + 5): "a key Python will not write as text"},
 ]
 
 
@@ -144,7 +150,7 @@ def encoder(request, monkeypatch):
     """The kept encoder as made with json's C accelerator, and as made where there is none."""
     if request.param == "pure Python":
         monkeypatch.setattr(json.encoder, "c_make_encoder", None)
-        monkeypatch.setattr(validation, "_ENCODE", validation._one_encoder())
+        monkeypatch.setattr(validation, "_KEPT", threading.local())  # this thread's next encoder made anew
     return request.param
 
 
@@ -157,6 +163,53 @@ def test_the_payload_check_takes_and_refuses_what_the_walk_over_every_value_does
         with pytest.raises(PayloadNotSerializable) as refused:
             validation.payload_json(payload)
         assert str(refused.value) == why
+
+
+def test_a_cycle_is_refused_in_a_thread_with_a_small_stack():
+    """A cycle must be caught by the encoder's markers: without them it ran the C stack down to the
+    recursion limit, which a thread of 1 MiB (musl's images' default) did not survive on Python 3.13.
+    In a child process, so that a crash fails this test instead of ending the suite."""
+    code = textwrap.dedent(
+        """
+        import threading
+        from django_dbqueue import validation
+        from django_dbqueue.exceptions import PayloadNotSerializable
+
+        cyclic = {"a": 1}
+        cyclic["self"] = cyclic
+        said = []
+
+        def check():
+            for _ in range(3):  # the markers an error left are cleared: the next call is not misled
+                try:
+                    validation.payload_json(cyclic)
+                except PayloadNotSerializable as refused:
+                    said.append(str(refused))
+            said.append(validation.payload_json({"after": [1, {"ok": True}]}))
+
+        threading.stack_size(1024 * 1024)
+        thread = threading.Thread(target=check)
+        thread.start()
+        thread.join()
+        print(said)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    said = ast.literal_eval(done.stdout.strip())
+    assert len(said) == 4 and all("nested more than" in why for why in said[:3]), said
+    assert said[3] == '{"after": [1, {"ok": true}]}'
+
+
+def test_an_encoding_error_leaves_no_marker_behind():
+    """The kept encoder remembers the containers it is inside; an error must not leave them there
+    (the next encoding of the same container would be taken for a cycle, and sent the slow way)."""
+    holder = {"n": 1, "bad": object()}
+    with pytest.raises(PayloadNotSerializable):
+        validation.payload_json(holder)
+    assert validation._KEPT.encoder[1] == {}
+    del holder["bad"]
+    assert validation._encode(holder) == '{"n": 1}'
 
 
 def test_the_limits_themselves_are_stored_on_every_database():

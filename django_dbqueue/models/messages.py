@@ -197,13 +197,9 @@ class Message(ConsumerActions, HandlerReports, models.Model):
         ``enqueue_many``'s time for messages whose other fields are all equal.
         """
         copy = type(self).__new__(type(self))
-        copy.__dict__.update(
-            self.__dict__,
-            _state=ModelState(),
-            payload=payload,
-            headers=headers,
-            _dbqueue_payload_json=(payload, validation.payload_json(payload)),  # see keep_payload_json
-        )
+        text = validation.payload_json(payload)
+        copy.__dict__.update(self.__dict__, _state=ModelState(), payload=payload, headers=headers)
+        copy.keep_payload_json(text)
         return copy
 
     def keep_payload_json(self, text: str) -> None:
