@@ -82,42 +82,36 @@ def _unencodable(value: Any) -> NoReturn:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-# Each thread's kept encoder: (the C encoder or None, its markers).
+# Each thread's kept encoder, between two calls.
 _KEPT = threading.local()
 _PURE_PYTHON = json.JSONEncoder(allow_nan=False).encode
 
 
-def _new_encoder() -> tuple[Any, dict[int, Any]]:
-    markers: dict[int, Any] = {}
-    make = getattr(json.encoder, "c_make_encoder", None)  # None: no C accelerator (another implementation)
-    # JSONEncoder's arguments: markers, default, string encoder, indent, separators, sort_keys, skipkeys, allow_nan.
-    chunks = make and make(
-        markers, _unencodable, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, False
-    )
-    return chunks, markers
+def _new_encoder() -> Any:
+    """json's C encoder as ``json.dumps(value, allow_nan=False)`` makes it; None without the C accelerator."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    # JSONEncoder's arguments: markers (for cycles), default, string encoder, indent, separators, sort_keys,
+    # skipkeys, allow_nan.
+    return make and make({}, _unencodable, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, False)
 
 
 def _encode(value: Any) -> str:
-    """The JSON text ``json.dumps(value, allow_nan=False)`` writes, by an encoder made once per thread.
+    """The JSON text ``json.dumps(value, allow_nan=False)`` writes, by an encoder kept per thread.
 
     ``json.dumps`` makes its C encoder anew on every call, which cost twice
-    the encoding of a small payload. One can be kept, with the markers that
-    catch a circular reference early (without them a cycle runs the C stack
-    down to the recursion limit, which a thread with a small stack does not
-    survive); the markers are one thread's at a time, so each thread keeps
-    its own.
+    the encoding of a small payload. A kept one holds the markers of the
+    containers it is inside, so it is taken out while it encodes and put
+    back only after a success: a call nested in this one (a dict subclass
+    whose ``items()`` calls back in) makes its own, and an error drops it
+    with whatever markers it left.
     """
-    try:
-        chunks, markers = _KEPT.encoder
-    except AttributeError:
-        chunks, markers = _KEPT.encoder = _new_encoder()
+    kept = _KEPT.__dict__  # this thread's
+    chunks = kept.pop("encoder", None) or _new_encoder()
     if chunks is None:
         return _PURE_PYTHON(value)
-    try:
-        return "".join(chunks(value, 0))
-    except BaseException:
-        markers.clear()  # an error leaves the ids of the containers it was inside
-        raise
+    text = "".join(chunks(value, 0))
+    kept["encoder"] = chunks
+    return text
 
 
 MAX_JSON_BYTES = 1_000_000
@@ -194,11 +188,11 @@ def json_problem(value: Any, path: str, *, max_depth: int = MAX_JSON_DEPTH) -> s
 
 
 def _key_text(key: Any) -> str:
-    """``repr(key)``, or what it is where Python will not write it (an integer past int_max_str_digits)."""
+    """``repr(key)``, or a stand-in where Python will not write it (an integer past int_max_str_digits)."""
     try:
         return repr(key)
     except ValueError:
-        return f"<an integer of more than {MAX_INT_DIGITS:,} digits>"
+        return "(one Python will not write as text)"
 
 
 def short_repr(value: Any, width: int = 80) -> str:
