@@ -76,6 +76,18 @@ def validate_queues(queues: str | list[str] | tuple[str, ...]) -> list[str]:
 # larger than MAX_JSON_BYTES would be refused by MySQL's max_allowed_packet
 # (16 MiB by default) once a batch of them is inserted together.
 MAX_JSON_DEPTH = 24
+MAX_JSON_BYTES = 1_000_000
+# The longest delay anything accepts: ten years. A delay past year 9999
+# overflows every database's timestamp.
+MAX_DELAY_SECONDS = 10 * 365 * 86400.0
+# The latest time a run_at or expires_at may name, in UTC: MySQL's DATETIME and
+# Python's datetime end with year 9999, and a time zone's offset must not carry
+# a value past that end when it is converted (a day spare).
+LATEST_TIME = datetime(9999, 12, 30, tzinfo=UTC)
+# Integers longer than this are refused: Python reads no longer one from JSON
+# (``sys.set_int_max_str_digits``), so a worker could not load the message.
+MAX_INT_DIGITS = 4300
+_INT_LIMIT = 10**MAX_INT_DIGITS
 
 
 def _unencodable(value: Any) -> NoReturn:
@@ -112,20 +124,6 @@ def _encode(value: Any) -> str:
     text = "".join(chunks(value, 0))
     kept["encoder"] = chunks
     return text
-
-
-MAX_JSON_BYTES = 1_000_000
-# The longest delay anything accepts: ten years. A delay past year 9999
-# overflows every database's timestamp.
-MAX_DELAY_SECONDS = 10 * 365 * 86400.0
-# The latest time a run_at or expires_at may name, in UTC: MySQL's DATETIME and
-# Python's datetime end with year 9999, and a time zone's offset must not carry
-# a value past that end when it is converted (a day spare).
-LATEST_TIME = datetime(9999, 12, 30, tzinfo=UTC)
-# Integers longer than this are refused: Python reads no longer one from JSON
-# (``sys.set_int_max_str_digits``), so a worker could not load the message.
-MAX_INT_DIGITS = 4300
-_INT_LIMIT = 10**MAX_INT_DIGITS
 
 
 def text_problem(text: str, path: str) -> str | None:
