@@ -8,6 +8,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
+from django_dbqueue.contrib.bench import runner
 from django_dbqueue.models import ArchivedMessage, FlowGroup, Message
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -125,6 +126,22 @@ def test_the_producer_phases_print_their_cpu_per_message(capsys):
     for phase in ("enqueue (one at a time)", "enqueue_many"):
         below = lines[next(i for i, line in enumerate(lines) if line.startswith(phase)) + 1]
         assert re.fullmatch(r" {4}producer CPU [0-9.]+ µs per message \(raw [0-9.]+, [0-9.]+x\)", below), below
+
+
+def test_the_producer_cpu_is_each_sides_own_and_leaves_the_clean_up_out(monkeypatch):
+    """Each side's CPU is read around its own call only: raw's first, the clean-up between them uncounted."""
+    clock = {"cpu": 0.0}
+    monkeypatch.setattr(runner.time, "process_time", lambda: clock["cpu"])
+
+    def spend(seconds: float):
+        return lambda: clock.update(cpu=clock["cpu"] + seconds)
+
+    bench = runner.QueueBench(runner.BenchConfig())
+    monkeypatch.setattr(bench, "clean", spend(100.0))  # never part of either side's figure
+    result = bench.producing("p", 1000, raw=spend(0.002), ours=spend(0.005))
+    assert result.extra["raw_cpu_us_per_message"] == pytest.approx(2.0)
+    assert result.extra["cpu_us_per_message"] == pytest.approx(5.0)
+    assert result.extra["cpu_ratio"] == pytest.approx(2.5)
 
 
 def test_soak_drains_every_message_once_and_reports_tenths(monkeypatch, capsys):
