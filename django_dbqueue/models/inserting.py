@@ -10,7 +10,7 @@ The model is reached through ``self.model``: this module sits below
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, Self
 
@@ -24,7 +24,7 @@ from ..db.transactions import write_transaction
 from ..exceptions import InvalidOption, PayloadNotSerializable, UnknownOption
 from . import events, flow
 from .protocols import Live, LiveMessage
-from .statements import headers_json, insert_message, insert_messages, statement_chunks
+from .statements import headers_json, insert_alike, insert_message, insert_messages, statement_chunks
 from .states import StateReads
 
 ENQUEUE_OPTIONS = frozenset(
@@ -134,25 +134,25 @@ class Inserting(StateReads[Live]):
             return []
         # The options are the same for every payload: checked once, on the first message.
         first, delay = build_unsaved(self.model, queue, payloads[0], options)
+        if len(payloads) == 1:
+            return self.using(using).insert_built([(first, delay)])
         headers = options.get("headers") or {}  # checked by build_unsaved, with or without hooks
 
-        def copy(payload: Any) -> Live:
-            # Each message its own headers, and its own trace context where hooks add one (docs/tracing.md),
-            # checked as build_unsaved checks the first's.
-            own = message_headers(queue, first.kind, headers) if propagation.hooks else dict(headers)
-            return first.with_payload(payload, own)
+        def own_headers() -> dict[str, Any]:
+            # Each message its own trace context where hooks add one (docs/tracing.md), checked as the first's.
+            return message_headers(queue, first.kind, headers)
 
-        pending = [(first, delay), *((copy(payload), delay) for payload in payloads[1:])]
-        return self.using(using).insert_built(pending, alike=True)
+        on = self.using(using)
+        rest, hooked = payloads[1:], own_headers if propagation.hooks else None
+        result = with_retries(using, lambda: on._insert_alike(first, delay, rest, hooked), what="enqueue_many")
+        events.enqueued(result, using)
+        return result
 
-    def insert_built(self, pending: list[tuple[Live, float | None]], *, alike: bool = False) -> list[Live]:
-        """Insert built messages (with their delays) and announce the ones this call created.
-
-        ``alike``: each is the first but for its payload and headers (see `insert_messages`).
-        """
+    def insert_built(self, pending: list[tuple[Live, float | None]]) -> list[Live]:
+        """Insert built messages (with their delays) and announce the ones this call created."""
         if not pending:
             return []
-        result = self.insert_many(pending, alike=alike)
+        result = self.insert_many(pending)
         events.enqueued(result, self.db)
         return result
 
@@ -320,7 +320,7 @@ class Inserting(StateReads[Live]):
                 # The live one finished between our insert and our read: try again.
         raise IntegrityError(f"could not insert or find key {message.key!r} in queue {message.queue!r}")
 
-    def insert_many(self, pending: list[tuple[Live, float | None]], *, alike: bool = False) -> list[Live]:
+    def insert_many(self, pending: list[tuple[Live, float | None]]) -> list[Live]:
         """Insert built messages (with their delays), keyed or not, of one or more queues.
 
         One transaction, multi-row inserts, retried on the database's weather.
@@ -328,9 +328,24 @@ class Inserting(StateReads[Live]):
         """
         if len(pending) == 1:  # one INSERT that returns its id on every database
             return [self.insert(*pending[0])]
-        return with_retries(self.db, lambda: self._insert_many(pending, alike), what="enqueue_many")
+        return with_retries(self.db, lambda: self._insert_many(pending), what="enqueue_many")
 
-    def _insert_many(self, pending: list[tuple[Live, float | None]], alike: bool) -> list[Live]:
+    def _insert_alike(
+        self, first: Live, delay: float | None, payloads: list[Any], own_headers: Callable[[], dict[str, Any]] | None
+    ) -> list[Live]:
+        """``enqueue_many``'s insert, in one transaction: ``first`` (unkeyed) and a copy of it for each of
+        ``payloads``, checked as they are written (`insert_alike`)."""
+        using = self.db
+        _timed(first, db_now(using), delay, {})
+        with write_transaction(using):
+            if first.group is not None and flow.takes_turns(using, first.queue):
+                flow.take_turns(using, first.queue, {first.group})
+            messages = insert_alike(using, first, payloads, get_settings().enqueue_batch_size, own_headers)
+        for message in messages:
+            message._dbqueue_created = True
+        return messages  # type: ignore[return-value]  # copies of ``first``, a Live
+
+    def _insert_many(self, pending: list[tuple[Live, float | None]]) -> list[Live]:
         using = self.db
         batch = get_settings().enqueue_batch_size
         now = db_now(using)
@@ -341,11 +356,7 @@ class Inserting(StateReads[Live]):
         ruled: list[Live] = []
         turns: dict[str, set[str]] = defaultdict(set)
         for message, delay in pending:  # one pass over what may be many thousands
-            message.created_at = now
-            if message.available_at is None:
-                if delay not in due:
-                    due[delay] = now + timedelta(seconds=delay or 0)
-                message.available_at = message.first_available_at = due[delay]
+            _timed(message, now, delay, due)
             messages.append(message)
             if message.key is None:
                 plain.append(message)
@@ -356,7 +367,7 @@ class Inserting(StateReads[Live]):
         with write_transaction(using):
             for queue, groups in sorted(turns.items()):
                 flow.take_turns(using, queue, groups)
-            insert_messages(using, plain, batch, alike=alike)
+            insert_messages(using, plain, batch)
             for message in plain:
                 message._dbqueue_created = True
             for message in ruled:
@@ -406,6 +417,16 @@ class Inserting(StateReads[Live]):
             f"could not insert or find keys {sorted(str(m.key) for m in missing)[:5]} of enqueue_many "
             "after 10 tries: live messages with these keys keep finishing and coming back"
         )
+
+
+def _timed(message: LiveMessage, now: datetime, delay: float | None, due: dict[float | None, datetime]) -> None:
+    """Set an unsaved message's enqueue time to ``now``, and its due time ``delay`` later unless it has one
+    (``run_at``); ``due``: the due times of the call so far, by delay (its messages mostly share one)."""
+    message.created_at = now
+    if message.available_at is None:
+        if delay not in due:
+            due[delay] = now + timedelta(seconds=delay or 0)
+        message.available_at = message.first_available_at = due[delay]
 
 
 def _json_bytes(message: LiveMessage) -> int:

@@ -10,13 +10,14 @@ clock, RETURNING) come from `django_dbqueue.db`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.apps import apps
 from django.db import connections
 
+from .. import validation
 from ..db import cursors
 from ..db.capabilities import statement_bytes, writable_ctes
 from ..db.clock import aware_clock, compile_now, db_now, now_plus_seconds
@@ -383,8 +384,8 @@ Item = TypeVar("Item")
 
 
 def statement_chunks(
-    using: str, items: Sequence[Item], per_statement: int, json_bytes: Callable[[Item], int]
-) -> Iterator[Sequence[Item]]:
+    using: str, items: Iterable[Item], per_statement: int, json_bytes: Callable[[Item], int]
+) -> Iterator[list[Item]]:
     """``items`` in runs of at most ``per_statement`` rows whose statement fits the server's packet.
 
     ``json_bytes``: an item's payload and headers, as JSON text. Only
@@ -392,22 +393,22 @@ def statement_chunks(
     payloads near the 1 MB limit are one statement on PostgreSQL, and
     error 1153 on MariaDB if sent as one. Each row is counted at its worst
     (escaping doubles it) plus ``ROW_BYTES``, so a run never passes.
+    ``items`` is read as the runs are: a generator's next run is made when
+    the caller asks for it.
     """
     limit = statement_bytes(using)
-    if limit is None:
-        for start in range(0, len(items), per_statement):
-            yield items[start : start + per_statement]
-        return
-    budget = limit - STATEMENT_BYTES
-    start, used = 0, 0
-    for end, item in enumerate(items):
-        size = 2 * json_bytes(item) + ROW_BYTES
-        if end > start and (end - start >= per_statement or used + size > budget):
-            yield items[start:end]
-            start, used = end, 0
+    budget = None if limit is None else limit - STATEMENT_BYTES
+    run: list[Item] = []
+    used = 0
+    for item in items:
+        size = 0 if budget is None else 2 * json_bytes(item) + ROW_BYTES
+        if run and (len(run) >= per_statement or (budget is not None and used + size > budget)):
+            yield run
+            run, used = [], 0
+        run.append(item)
         used += size
-    if start < len(items):
-        yield items[start:]
+    if run:
+        yield run
 
 
 def row_json_bytes(row: list[Any]) -> int:
@@ -415,34 +416,101 @@ def row_json_bytes(row: list[Any]) -> int:
     return len(row[PAYLOAD]) + len(row[HEADERS])
 
 
-def insert_messages(using: str, messages: Sequence[LiveMessage], batch_size: int, *, alike: bool = False) -> None:
+def insert_messages(using: str, messages: Sequence[LiveMessage], batch_size: int) -> None:
     """Multi-row INSERT of unsaved, validated messages; sets their ids where the database returns them.
 
     ``bulk_create`` prepares every field of every row through the ORM, which
     made ``enqueue_many`` several times slower than the INSERT itself. The
-    values here are already validated, so they only need adapting. A column
-    every row of a statement shares (the queue, the times) is sent once,
-    not once per row. ``alike``: each message is the first but for its
-    payload and headers (``enqueue_many``'s, copied from the first): only
-    those two are compared row by row.
+    values here are already validated, so they only need adapting.
     """
-    if not messages:
-        return
-    connection = connections[using]
-    qn = connection.ops.quote_name
+    if messages:
+        adapt = _adapter(using)
+        rows = [inserted_values(m, adapt) for m in messages]
+        _insert_rows(using, rows, COLUMNS, batch_size, lambda start, end: messages[start:end])
+
+
+def insert_alike(
+    using: str,
+    first: LiveMessage,
+    payloads: Sequence[Any],
+    batch_size: int,
+    own_headers: Callable[[], dict[str, Any]] | None = None,
+) -> list[LiveMessage]:
+    """Multi-row INSERT of ``first`` (unsaved, validated) and of a copy of it for each of ``payloads``: the messages.
+
+    ``enqueue_many``'s messages differ only in their payloads and, where
+    header hooks add to them, their headers (``own_headers()`` gives a
+    message's, checked). Each payload is checked, its row written and its
+    copy of ``first`` made (`with_payload`) while the server runs the
+    statement before (`cursors.Pipeline`), not before anything is sent: a
+    payload that fails its check raises inside the caller's transaction,
+    which then writes nothing.
+    """
+    template = inserted_values(first, _adapter(using))
+    blank = first.with_payload(first.payload, first.headers, template[PAYLOAD])  # before ``first`` gets its id
+    texts: list[str] = []
+    headers: list[dict[str, Any]] = []
+
+    def rows() -> Iterator[list[Any]]:
+        yield template
+        for payload in payloads:
+            row = template.copy()
+            row[PAYLOAD] = text = validation.payload_json(payload)
+            texts.append(text)
+            if own_headers is not None:
+                own = own_headers()
+                headers.append(own)
+                row[HEADERS] = json.dumps(own) if own else "{}"
+            yield row
+
+    messages = [first]
+
+    def made(start: int, end: int) -> list[LiveMessage]:
+        for i in range(max(start, 1) - 1, end - 1):  # row 0 is ``first``
+            own = headers[i] if own_headers is not None else dict(first.headers)
+            messages.append(blank.with_payload(payloads[i], own, texts[i]))
+        return messages[start:end]
+
+    _insert_rows(using, rows(), (PAYLOAD, HEADERS), batch_size, made)
+    return messages
+
+
+def _adapter(using: str) -> Callable[[Any], Any]:
+    """``adapt_datetimefield_value`` of ``using``, each value adapted once (a call's messages share their times)."""
+    adapt = connections[using].ops.adapt_datetimefield_value
     adapted: dict[Any, Any] = {}
 
-    def adapt(value: Any) -> Any:
-        # The messages of one call share their times: each is adapted once, not once per row.
+    def adapter(value: Any) -> Any:
         if value not in adapted:
-            adapted[value] = connection.ops.adapt_datetimefield_value(value)
+            adapted[value] = adapt(value)
         return adapted[value]
 
+    return adapter
+
+
+def _insert_rows(
+    using: str,
+    rows: Iterable[list[Any]],
+    varying: Sequence[int],
+    batch_size: int,
+    made: Callable[[int, int], Sequence[LiveMessage]],
+) -> None:
+    """Multi-row INSERTs of ``rows`` (`inserted_values`), in statements that fit; ids set where returned.
+
+    ``varying``: the columns whose values may differ from row to row (the
+    others are the first row's). ``made(start, end)``: the messages of rows
+    ``start`` to ``end``, asked for once their statement is sent, so that
+    their making overlaps the server's work on it where the driver allows.
+    A column every row of a statement shares (the queue, the times) is sent
+    once, not once per row.
+    """
+    connection = connections[using]
+    qn = connection.ops.quote_name
     json_sql = json_param(using)
     cells = [json_sql if c in ("payload", "headers") else "%s" for c in INSERTED]
     quote = quoter(using)
     shares = quote is not None or inserts_arrays(using)  # SQLite binds every value of every row
-    returning = insert_returns_ids(using)
+    returning = f" RETURNING {qn('id')}" if insert_returns_ids(using) else ""
     per_statement = batch_size
     if connection.features.max_query_params:
         per_statement = max(1, min(batch_size, connection.features.max_query_params // len(INSERTED)))
@@ -450,21 +518,22 @@ def insert_messages(using: str, messages: Sequence[LiveMessage], batch_size: int
     model = message_model()
     types = [str(model._meta.get_field(attribute(c)).db_type(connection)) for c in INSERTED]
     pk_name = model._meta.pk.attname
-    if alike:
-        template = inserted_values(messages[0], adapt)
-        every_row = [_with_json(template, m) for m in messages]
-        varying: Sequence[int] = (PAYLOAD, HEADERS)
-    else:
-        every_row = [inserted_values(m, adapt) for m in messages]
-        varying = COLUMNS
     done = 0
-    with connection.cursor() as cursor:
-        for rows in statement_chunks(using, every_row, per_statement, row_json_bytes):
-            chunk = messages[done : done + len(rows)]
-            done += len(rows)
-            first = rows[0]
+    sent: Sequence[LiveMessage] = ()
+
+    def saved(chunk: Sequence[LiveMessage], ids: list[Any]) -> None:
+        if returning:
+            for message, (pk,) in zip(chunk, ids, strict=True):
+                message.__dict__[pk_name] = pk  # the field's value, as ``message.pk = pk`` sets it
+        for message in chunk:
+            message._state.adding = False
+            message._state.db = using
+
+    with cursors.Pipeline(using) as pipeline:
+        for chunk_rows in statement_chunks(using, rows, per_statement, row_json_bytes):
+            first = chunk_rows[0]
             shared = [
-                shares and i != PAYLOAD and (i not in varying or all(row[i] == first[i] for row in rows))
+                shares and i != PAYLOAD and (i not in varying or all(row[i] == first[i] for row in chunk_rows))
                 for i in COLUMNS
             ]
             kept = [i for i in COLUMNS if not shared[i]]
@@ -473,27 +542,19 @@ def insert_messages(using: str, messages: Sequence[LiveMessage], batch_size: int
                 # One value per shared column and one array per other column, whatever the rows: the
                 # driver prepares them in no time (with one placeholder per value, that was half the cost).
                 sql = head + arrays
-                params = [first[i] for i in COLUMNS if shared[i]] + [[row[i] for row in rows] for i in kept]
+                params = [first[i] for i in COLUMNS if shared[i]] + [[row[i] for row in chunk_rows] for i in kept]
             else:
                 # A shared column's value is quoted once, into the statement's text (MySQLdb quotes it so).
                 row_sql = ", ".join(quote(first[i]) if shared[i] and quote else cells[i] for i in COLUMNS)
-                sql = head + "VALUES " + ", ".join([f"({row_sql})"] * len(chunk))
-                params = [row[i] for row in rows for i in kept]
-            cursor.execute(sql + (f" RETURNING {qn('id')}" if returning else ""), params)
-            if returning:
-                for message, (pk,) in zip(chunk, cursor.fetchall(), strict=True):
-                    message.__dict__[pk_name] = pk  # the field's value, as ``message.pk = pk`` sets it
-    for message in messages:
-        message._state.adding = False
-        message._state.db = using
-
-
-def _with_json(template: list[Any], message: LiveMessage) -> list[Any]:
-    """``template`` (a row of `inserted_values`) with ``message``'s payload and headers."""
-    row = template.copy()
-    row[PAYLOAD] = message.payload_json()
-    row[HEADERS] = headers_json(message)
-    return row
+                sql = head + "VALUES " + ", ".join([f"({row_sql})"] * len(chunk_rows))
+                params = [row[i] for row in chunk_rows for i in kept]
+            if sent:
+                saved(sent, pipeline.take())
+            pipeline.send(sql + returning, params)
+            sent = made(done, done + len(chunk_rows))
+            done += len(chunk_rows)
+        if sent:
+            saved(sent, pipeline.take())
 
 
 def headers_json(message: LiveMessage) -> str:

@@ -1,0 +1,171 @@
+"""enqueue_many's statements in flight (django_dbqueue.db.cursors.Pipeline): the messages of one statement are
+made while the server runs it, and whatever fails on the way, nothing is written and the connection stays in step."""
+
+import pytest
+from django.db import DatabaseError, IntegrityError, connection, connections, transaction
+
+import django_dbqueue
+from django_dbqueue import propagation
+from django_dbqueue.conf import get_settings
+from django_dbqueue.db import cursors
+from django_dbqueue.exceptions import PayloadNotSerializable
+from django_dbqueue.models import Message
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+mysql_only = pytest.mark.skipif(
+    "connection.vendor != 'mysql'",
+    reason="only MySQLdb sends a statement and reads its answer later; elsewhere each runs at once",
+)
+
+
+def many(count, **marks):
+    """``count`` payloads; ``marks`` puts a value at an index: {700: object()}."""
+    return [marks.get(str(i), {"n": i}) for i in range(count)]
+
+
+def still_in_step():
+    """The connection answers a new statement (no "commands out of sync"), and nothing was written."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone()[0] == 1
+    assert Message.objects.count() == 0
+    assert django_dbqueue.enqueue_many("jobs", [{"after": 1}, {"after": 2}])[1].pk is not None
+
+
+def test_more_messages_than_one_statement_come_back_in_order_with_their_ids():
+    count = 2 * get_settings().enqueue_batch_size + 200  # three statements
+    messages = django_dbqueue.enqueue_many("jobs", many(count), headers={"h": 1})
+    stored = list(Message.objects.order_by("pk").values_list("pk", "payload", "headers"))
+    assert [(m.pk, m.payload, m.headers) for m in messages] == stored
+    assert [p["n"] for _, p, _ in stored] == list(range(count))
+    assert all(m.was_created and not m._state.adding and m._state.db == "default" for m in messages)
+    messages[5].headers["h"] = 2  # each message its own headers
+    assert messages[6].headers == {"h": 1}
+
+
+@mysql_only
+def test_the_messages_of_a_statement_are_made_while_the_server_runs_it(monkeypatch):
+    events = []
+    django_dbqueue.enqueue("jobs", {})  # the connection open
+    driver = type(connections["default"].connection)  # MySQLdb's Connection, a Python class over _mysql's
+    send, read = driver.send_query, driver.read_query_result
+
+    def sent(self, query):
+        events.append("send")
+        return send(self, query)
+
+    def answered(self):
+        events.append("read")
+        return read(self)
+
+    made = Message.with_payload
+
+    def copy(self, payload, headers, text=None):
+        events.append("make")
+        return made(self, payload, headers, text)
+
+    monkeypatch.setattr(driver, "send_query", sent)
+    monkeypatch.setattr(driver, "read_query_result", answered)
+    monkeypatch.setattr(Message, "with_payload", copy)
+    batch = get_settings().enqueue_batch_size
+    messages = django_dbqueue.enqueue_many("jobs", many(2 * batch + 10))
+    runs = [event for i, event in enumerate(events) if i == 0 or events[i - 1] != event]
+    # One copy of the first message is made before anything is sent; then each statement is sent, its
+    # messages made, and only then its answer read.
+    assert runs == ["make", "send", "make", "read", "send", "make", "read", "send", "make", "read"]
+    assert events.count("make") == 1 + 2 * batch + 9
+    assert len({m.pk for m in messages}) == 2 * batch + 10 == Message.objects.filter(queue="jobs").count() - 1
+
+
+def test_a_payload_refused_after_a_statement_was_sent_leaves_nothing_written():
+    batch = get_settings().enqueue_batch_size
+    with pytest.raises(PayloadNotSerializable):
+        django_dbqueue.enqueue_many("jobs", many(3 * batch, **{str(batch + 100): {"x": object()}}))
+    still_in_step()
+
+
+def test_inside_a_transaction_the_refused_call_is_undone_and_the_rest_kept():
+    batch = get_settings().enqueue_batch_size
+    with transaction.atomic():
+        kept = django_dbqueue.enqueue("jobs", {"kept": True})
+        with pytest.raises(PayloadNotSerializable):
+            django_dbqueue.enqueue_many("jobs", many(3 * batch, **{str(2 * batch + 1): {1j}}))
+        django_dbqueue.enqueue("jobs", {"kept": "too"})
+    assert sorted(Message.objects.values_list("payload", flat=True), key=str) == [{"kept": "too"}, {"kept": True}]
+    assert Message.objects.filter(pk=kept.pk).exists()
+
+
+def test_a_header_hook_that_raises_midway_leaves_nothing_written():
+    batch, calls = get_settings().enqueue_batch_size, []
+
+    def hook(queue, kind, headers):
+        calls.append(1)
+        if len(calls) == batch + 50:  # while the first statement is in flight
+            raise RuntimeError("the tracer broke")
+        return {**headers, "trace": len(calls)}
+
+    propagation.add(hook)
+    try:
+        with pytest.raises(RuntimeError, match="the tracer broke"):
+            django_dbqueue.enqueue_many("jobs", many(2 * batch))
+    finally:
+        propagation.remove(hook)
+    still_in_step()
+
+
+@pytest.fixture
+def refusing_trigger():
+    """A trigger that refuses a row whose payload holds "boom" (SIGNAL) and nulls the kind of one holding "null"."""
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER IF EXISTS dbqueue_test_refuse")
+        cursor.execute(
+            "CREATE TRIGGER dbqueue_test_refuse BEFORE INSERT ON dbqueue_message FOR EACH ROW BEGIN "
+            "IF JSON_EXTRACT(NEW.payload, '$.boom') IS NOT NULL THEN "
+            "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'boom refused'; END IF; "
+            "IF JSON_EXTRACT(NEW.payload, '$.null') IS NOT NULL THEN SET NEW.kind = NULL; END IF; END"
+        )
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER IF EXISTS dbqueue_test_refuse")
+
+
+@mysql_only
+@pytest.mark.parametrize(("mark", "error"), [("boom", DatabaseError), ("null", IntegrityError)])
+def test_a_statement_the_server_refuses_in_flight_raises_djangos_error(refusing_trigger, mark, error):
+    batch = get_settings().enqueue_batch_size
+    with pytest.raises(error) as raised:
+        django_dbqueue.enqueue_many("jobs", many(3 * batch, **{str(batch + 7): {mark: 1}}))
+    assert type(raised.value).__module__ == "django.db.utils" and raised.value.__cause__ is not None
+    if mark == "boom":
+        assert "boom refused" in str(raised.value)
+    still_in_step()
+
+
+def test_an_execute_wrapper_sees_every_statement_of_enqueue_many():
+    seen = []
+
+    def watch(execute, sql, params, many_, context):
+        seen.append(sql)
+        return execute(sql, params, many_, context)
+
+    batch = get_settings().enqueue_batch_size
+    with connection.execute_wrapper(watch):
+        django_dbqueue.enqueue_many("jobs", many(2 * batch + 1))
+    assert sum(sql.startswith("INSERT INTO") for sql in seen) >= 3
+    assert Message.objects.count() == 2 * batch + 1
+
+
+def test_one_statement_in_flight_at_a_time():
+    django_dbqueue.enqueue("jobs", {})
+    with cursors.Pipeline("default") as pipeline:
+        with pytest.raises(RuntimeError, match="no statement was sent"):
+            pipeline.take()
+        pipeline.send("SELECT 1", [])
+        with pytest.raises(RuntimeError, match="answer was not taken"):
+            pipeline.send("SELECT 2", [])
+        assert [tuple(row) for row in pipeline.take()] == [(1,)]
+        pipeline.send("SELECT 3", [])  # left for the block's end to read
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 4")
+        assert cursor.fetchone()[0] == 4
