@@ -96,6 +96,27 @@ def test_inside_a_transaction_the_refused_call_is_undone_and_the_rest_kept():
     assert Message.objects.filter(pk=kept.pk).exists()
 
 
+def test_header_hooks_run_once_per_message_and_may_use_the_database():
+    # Hooks are user code: they run before any statement is in flight, so a query of theirs gets its own answer.
+    calls = []
+
+    def hook(queue, kind, headers):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT %s", [len(calls)])
+            calls.append(cursor.fetchone()[0])
+        return {**headers, "trace": calls[-1]}
+
+    count = 2 * get_settings().enqueue_batch_size + 3
+    propagation.add(hook)
+    try:
+        messages = django_dbqueue.enqueue_many("jobs", many(count))
+    finally:
+        propagation.remove(hook)
+    assert calls == list(range(count))
+    stored = list(Message.objects.order_by("pk").values_list("pk", "headers"))
+    assert [(m.pk, m.headers) for m in messages] == stored == [(m.pk, {"trace": i}) for i, m in enumerate(messages)]
+
+
 def test_a_header_hook_that_raises_midway_leaves_nothing_written():
     batch, calls = get_settings().enqueue_batch_size, []
 
@@ -137,6 +158,7 @@ def test_a_statement_the_server_refuses_in_flight_raises_djangos_error(refusing_
     with pytest.raises(error) as raised:
         django_dbqueue.enqueue_many("jobs", many(3 * batch, **{str(batch + 7): {mark: 1}}))
     assert type(raised.value).__module__ == "django.db.utils" and raised.value.__cause__ is not None
+    assert raised.value.__cause__.__cause__ is not raised.value.__cause__  # no error its own cause
     if mark == "boom":
         assert "boom refused" in str(raised.value)
     still_in_step()
@@ -169,3 +191,60 @@ def test_one_statement_in_flight_at_a_time():
     with connection.cursor() as cursor:
         cursor.execute("SELECT 4")
         assert cursor.fetchone()[0] == 4
+
+
+class Interrupted(BaseException):
+    """As KeyboardInterrupt or a timeout's SystemExit would: raised as the driver's C call returns."""
+
+
+@mysql_only
+@pytest.mark.parametrize(
+    ("where", "times"),
+    [("send_query", 1), ("read_query_result", 1), ("read_query_result", 2), ("store_result", 1)],
+)
+def test_an_interruption_in_flight_never_leaves_the_connection_out_of_step(monkeypatch, where, times):
+    # Once: the answer is read when the block is left. Twice: reading it there is interrupted too, and the
+    # connection, out of step for good, is closed.
+    django_dbqueue.enqueue("jobs", {})  # the connection open
+    Message.objects.all().delete()
+    driver = type(connections["default"].connection)
+    original, raised = getattr(driver, where), []
+
+    def interrupted(self, *args):
+        if len(raised) == 1 and times == 2:  # the second time, before the call does anything
+            raised.append(where)
+            raise Interrupted
+        result = original(self, *args)
+        if not raised:  # the first time, after the call did its work
+            raised.append(where)
+            raise Interrupted
+        return result
+
+    monkeypatch.setattr(driver, where, interrupted)
+    with pytest.raises(Interrupted):
+        django_dbqueue.enqueue_many("jobs", many(2 * get_settings().enqueue_batch_size))
+    assert raised == [where] * times
+    # Every later statement gets its own answer, not the INSERT's ids: on the same connection (the answer
+    # was read), or on a new one (half read, the connection was closed).
+    for n in range(3):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT %s", [n + 10])
+            assert cursor.fetchall() == ((n + 10,),)
+    still_in_step()
+
+
+@mysql_only
+def test_a_tracers_proxy_around_the_driver_is_not_sent_statements_to_read_later(monkeypatch):
+    django_dbqueue.enqueue("jobs", {})
+    wrapper = connections["default"]
+    assert cursors.Pipeline("default").driver is wrapper.connection
+
+    class Proxy:  # as a tracer's instrumentation wraps the driver's connection
+        def __init__(self, wrapped):
+            self.wrapped = wrapped
+
+        def __getattr__(self, name):
+            return getattr(self.wrapped, name)
+
+    monkeypatch.setattr(wrapper, "connection", Proxy(wrapper.connection))
+    assert cursors.Pipeline("default").driver is None

@@ -15,7 +15,6 @@ due), the statement goes through ``connection.cursor()`` like any other.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
@@ -91,25 +90,28 @@ class Pipeline:
 
     ``enqueue_many`` on MySQL/MariaDB spent about a third of its time
     building messages while the server waited, then waited while the server
-    inserted them. Where the driver can send a statement and read its
-    answer later (MySQLdb's ``send_query`` and ``read_query_result``) and
-    nothing watches statements (`run_on`'s conditions), `send` returns as
-    soon as the statement is on its way, and `take` reads its rows.
-    Elsewhere `send` runs it at once through `run_on`. One statement in
-    flight at most; leaving the ``with`` block reads any answer still due,
-    so the connection never stays out of step, whatever was raised.
+    inserted them. Where the driver is MySQLdb's own connection (it can send
+    a statement and read its answer later: ``send_query``,
+    ``read_query_result``; a tracer's proxy around it is not trusted with
+    that) and nothing watches statements (`run_on`'s conditions), `send`
+    returns as soon as the statement is on its way, and `take` reads its
+    rows. Elsewhere `send` runs it at once through `run_on`. One statement
+    in flight at most, and the caller must not run any other statement on
+    the connection (nor code that might) between the two. Leaving the
+    ``with`` block reads any answer still due; where that fails (an
+    interruption left the answer half read), the connection is closed, as
+    MySQLdb closes one it cannot trust, rather than answer the next
+    statement with this one's rows.
     """
 
     def __init__(self, using: str) -> None:
         self.connection = connection = connections[using]
         driver = connection.connection
         self.driver = (
-            driver
-            if connection.vendor == "mysql" and hasattr(driver, "send_query") and not watched(connection)
-            else None
+            driver if connection.vendor == "mysql" and _own_mysqldb(driver) and not watched(connection) else None
         )
         self.rows: list[Any] | None = None  # the answer of a statement run at once
-        self.sent = False  # a statement is on its way and its answer not read
+        self.sent = False  # a statement may be on its way, its answer not read in full
 
     def __enter__(self) -> Pipeline:
         return self
@@ -120,8 +122,10 @@ class Pipeline:
         if error is None:
             self.take()
             return
-        with contextlib.suppress(Exception):  # the error that ended the block is the one the caller sees
-            self.take()  # the connection back in step
+        try:
+            self.take()  # the connection back in step; the error that ended the block is the one raised
+        except BaseException:
+            self.connection.close()  # out of step for good: Django opens a new one
 
     @async_unsafe
     def send(self, sql: str, params: Sequence[Any]) -> None:
@@ -135,9 +139,13 @@ class Pipeline:
         self.connection.validate_thread_sharing()
         self.connection.validate_no_broken_transaction()
         query = sql.encode(driver.encoding) % tuple(map(driver.literal, params))  # as MySQLdb's cursor formats it
+        self.sent = True  # before it goes: an interruption just after it went must still read its answer
         with self.connection.wrap_database_errors:
-            driver.send_query(query)
-        self.sent = True
+            try:
+                driver.send_query(query)
+            except driver.Error:
+                self.sent = False  # refused by the driver: nothing is on its way
+                raise
 
     def take(self) -> list[Any]:
         """The rows of the statement last sent (none for a statement that returns none), once it has run."""
@@ -146,22 +154,33 @@ class Pipeline:
             if rows is None:
                 raise RuntimeError("Pipeline.take: no statement was sent")
             return rows
-        self.sent = False
         driver = self.driver
         assert driver is not None
         with self.connection.wrap_database_errors:
             try:
                 driver.read_query_result()
-            except driver.OperationalError as e:
-                raise _as_integrity_error(driver, e) from e
-            result = driver.store_result()
-            return list(result.fetch_row(0)) if result is not None else []
+                # RETURNING's rows come after the answer's head: a row the server refuses midway (a
+                # trigger's) ends them with the error, raised here.
+                result = driver.store_result()
+            except driver.Error as e:
+                self.sent = False  # the server's refusal ended the answer (or the connection is gone)
+                if e.args and e.args[0] in _integrity_codes():
+                    raise driver.IntegrityError(*e.args) from e
+                raise
+            rows = list(result.fetch_row(0)) if result is not None else []
+        self.sent = False
+        return rows
 
 
-def _as_integrity_error(driver: Any, error: Any) -> Exception:
-    """MySQL's NOT NULL refusal, an OperationalError to the driver, as Django's backend reports it (IntegrityError)."""
+def _own_mysqldb(driver: Any) -> bool:
+    """Whether ``driver`` is a MySQLdb connection itself, not a proxy around one (a tracer's)."""
+    kind = type(driver)
+    return (kind.__module__, kind.__qualname__) == ("MySQLdb.connections", "Connection")
+
+
+def _integrity_codes() -> Any:
+    """The MySQL errors Django's backend reports as IntegrityError though the driver raises OperationalError
+    (a NOT NULL column given NULL)."""
     from django.db.backends.mysql.base import CursorWrapper as MySQLCursor
 
-    if error.args and error.args[0] in MySQLCursor.codes_for_integrityerror:
-        return cast(Exception, driver.IntegrityError(*error.args))
-    return cast(Exception, error)
+    return MySQLCursor.codes_for_integrityerror

@@ -10,7 +10,7 @@ The model is reached through ``self.model``: this module sits below
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, Self
 
@@ -137,14 +137,11 @@ class Inserting(StateReads[Live]):
         if len(payloads) == 1:
             return self.using(using).insert_built([(first, delay)])
         headers = options.get("headers") or {}  # checked by build_unsaved, with or without hooks
-
-        def own_headers() -> dict[str, Any]:
-            # Each message its own trace context where hooks add one (docs/tracing.md), checked as the first's.
-            return message_headers(queue, first.kind, headers)
-
-        on = self.using(using)
-        rest, hooked = payloads[1:], own_headers if propagation.hooks else None
-        result = with_retries(using, lambda: on._insert_alike(first, delay, rest, hooked), what="enqueue_many")
+        # Each message its own trace context where hooks add one (docs/tracing.md), checked as the first's:
+        # the hooks are user code, run once per message, never while a statement is in flight.
+        own = [message_headers(queue, first.kind, headers) for _ in payloads[1:]] if propagation.hooks else None
+        on, rest = self.using(using), payloads[1:]
+        result = with_retries(using, lambda: on._insert_alike(first, delay, rest, own), what="enqueue_many")
         events.enqueued(result, using)
         return result
 
@@ -331,7 +328,7 @@ class Inserting(StateReads[Live]):
         return with_retries(self.db, lambda: self._insert_many(pending), what="enqueue_many")
 
     def _insert_alike(
-        self, first: Live, delay: float | None, payloads: list[Any], own_headers: Callable[[], dict[str, Any]] | None
+        self, first: Live, delay: float | None, payloads: list[Any], own_headers: list[dict[str, Any]] | None
     ) -> list[Live]:
         """``enqueue_many``'s insert, in one transaction: ``first`` (unkeyed) and a copy of it for each of
         ``payloads``, checked as they are written (`insert_alike`)."""

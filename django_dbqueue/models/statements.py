@@ -434,40 +434,39 @@ def insert_alike(
     first: LiveMessage,
     payloads: Sequence[Any],
     batch_size: int,
-    own_headers: Callable[[], dict[str, Any]] | None = None,
+    own_headers: Sequence[dict[str, Any]] | None = None,
 ) -> list[LiveMessage]:
     """Multi-row INSERT of ``first`` (unsaved, validated) and of a copy of it for each of ``payloads``: the messages.
 
     ``enqueue_many``'s messages differ only in their payloads and, where
-    header hooks add to them, their headers (``own_headers()`` gives a
-    message's, checked). Each payload is checked, its row written and its
+    header hooks add to them, their headers (``own_headers``, one per
+    payload, checked). Each payload is checked, its row written and its
     copy of ``first`` made (`with_payload`) while the server runs the
-    statement before (`cursors.Pipeline`), not before anything is sent: a
-    payload that fails its check raises inside the caller's transaction,
-    which then writes nothing.
+    statement before (`cursors.Pipeline`), so on every database the
+    payloads after the first statement's are checked once it has run: one
+    that fails raises inside the caller's transaction, which then commits
+    nothing. Nothing here runs code of the caller's while a statement is in
+    flight.
     """
     template = inserted_values(first, _adapter(using))
-    blank = first.with_payload(first.payload, first.headers, template[PAYLOAD])  # before ``first`` gets its id
+    blank = first.with_payload(first.payload, first.headers, template[PAYLOAD])  # made once, copied for each
     texts: list[str] = []
-    headers: list[dict[str, Any]] = []
 
     def rows() -> Iterator[list[Any]]:
         yield template
-        for payload in payloads:
+        for i, payload in enumerate(payloads):
             row = template.copy()
             row[PAYLOAD] = text = validation.payload_json(payload)
             texts.append(text)
             if own_headers is not None:
-                own = own_headers()
-                headers.append(own)
-                row[HEADERS] = json.dumps(own) if own else "{}"
+                row[HEADERS] = headers_text(own_headers[i])
             yield row
 
     messages = [first]
 
     def made(start: int, end: int) -> list[LiveMessage]:
         for i in range(max(start, 1) - 1, end - 1):  # row 0 is ``first``
-            own = headers[i] if own_headers is not None else dict(first.headers)
+            own = own_headers[i] if own_headers is not None else dict(first.headers)
             messages.append(blank.with_payload(payloads[i], own, texts[i]))
         return messages[start:end]
 
@@ -559,7 +558,12 @@ def _insert_rows(
 
 def headers_json(message: LiveMessage) -> str:
     """A message's headers as the JSON text an INSERT stores."""
-    return json.dumps(message.headers) if message.headers else "{}"
+    return headers_text(message.headers)
+
+
+def headers_text(headers: dict[str, Any]) -> str:
+    """Headers (checked) as the JSON text an INSERT stores."""
+    return json.dumps(headers) if headers else "{}"
 
 
 def distinct_leading(using: str, table: str, column: str, limit: int | None = None) -> list[str]:
