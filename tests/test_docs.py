@@ -308,3 +308,71 @@ def test_every_page_is_linked_from_the_readme_or_the_navigation():
     assert orphans == []
     unread = [page for page in pages() if page not in readme and page != "index.md"]
     assert unread == [], "README.md lists every page (docs/index.md is the site's home page)"
+
+
+# --- anchors that work on GitHub and on the site -------------------------------------------
+#
+# mkdocs build --strict (tox -e docs) checks each link's anchor against the site's own slugs; the
+# same pages are read on GitHub, whose slugs differ where a heading holds a run of hyphens or
+# spaces (`--until-empty`) or a letter outside ASCII. A link must reach its heading on both.
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+ANCHORED_LINK = re.compile(r"\]\(((?:docs/)?[\w.-]*\.md)?#([^)\s]+)\)")
+
+
+def outside_code(path) -> list[tuple[int, str]]:
+    """The lines of a Markdown page that are not in a fenced block, numbered."""
+    lines, fenced = [], False
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            lines.append((number, line))
+    return lines
+
+
+def heading_text(heading: str) -> str:
+    """What a heading reads as, without its Markdown: a link's text, code without its backticks."""
+    return re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "").replace("**", "")
+
+
+def github_slug(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading_text(heading).strip().lower()).replace(" ", "-")
+
+
+def site_slug(heading: str) -> str:
+    """Python-Markdown's toc slugify, mkdocs' default."""
+    import unicodedata
+
+    text = unicodedata.normalize("NFKD", heading_text(heading)).encode("ascii", "ignore").decode()
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
+
+
+def test_every_anchor_reaches_its_heading_on_github_and_on_the_site():
+    read = [*sorted(DOCS.glob("*.md")), ROOT / "README.md", ROOT / "CHANGELOG.md"]
+    headings = {
+        path.name: [m.group(1) for _, line in outside_code(path) if (m := re.match(r"#{1,6}\s+(.*?)\s*$", line))]
+        for path in read
+    }
+    broken = []
+    for path in read:
+        for number, line in outside_code(path):
+            for target, anchor in ANCHORED_LINK.findall(line):
+                page = target.rsplit("/", 1)[-1] if target else path.name
+                found = headings.get(page, [])
+                missing = [
+                    site
+                    for site, slug in (("GitHub", github_slug), ("the site", site_slug))
+                    if anchor not in {slug(h) for h in found}
+                ]
+                if missing:
+                    broken.append(f"{path.name}:{number}: #{anchor} of {page} ({', '.join(missing)})")
+    assert broken == []
+
+
+def test_the_slugs_are_githubs_and_the_sites():
+    heading = "Held-back messages and `--until-empty` (2026-11-28, [the worker](workers.md))"
+    assert github_slug(heading) == "held-back-messages-and---until-empty-2026-11-28-the-worker"
+    assert site_slug(heading) == "held-back-messages-and-until-empty-2026-11-28-the-worker"
+    assert github_slug("Réglages `PROMETHEUS_MULTIPROC_DIR`") == "réglages-prometheus_multiproc_dir"
+    assert site_slug("Réglages `PROMETHEUS_MULTIPROC_DIR`") == "reglages-prometheus_multiproc_dir"
