@@ -1,8 +1,11 @@
 """enqueue_many's statements in flight (django_dbqueue.db.cursors.Pipeline): the messages of one statement are
 made while the server runs it, and whatever fails on the way, nothing is written and the connection stays in step."""
 
+import hypothesis
 import pytest
 from django.db import DatabaseError, IntegrityError, connection, connections, transaction
+from django.test import override_settings
+from hypothesis import strategies as st
 
 import django_dbqueue
 from django_dbqueue import propagation
@@ -10,6 +13,7 @@ from django_dbqueue.conf import get_settings
 from django_dbqueue.db import cursors
 from django_dbqueue.exceptions import PayloadNotSerializable
 from django_dbqueue.models import Message
+from tests.support.machines import PROFILE
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -248,3 +252,50 @@ def test_a_tracers_proxy_around_the_driver_is_not_sent_statements_to_read_later(
 
     monkeypatch.setattr(wrapper, "connection", Proxy(wrapper.connection))
     assert cursors.Pipeline("default").driver is None
+
+
+# The net under the chunking: any number of payloads, any statement size, a bad payload anywhere or none,
+# with or without hooks and headers, against what docs/api.md says enqueue_many does.
+@hypothesis.given(
+    count=st.integers(1, 40),
+    batch=st.integers(1, 9),
+    bad=st.one_of(st.none(), st.integers(0, 39)),
+    hooked=st.booleans(),
+    headers=st.sampled_from([None, {}, {"h": "x"}]),
+)
+@hypothesis.settings(
+    max_examples=40 if PROFILE == "ci" else 400,
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.too_slow],
+)
+def test_enqueue_many_does_what_the_docs_say_at_any_size(count, batch, bad, hooked, headers):
+    Message.objects.all().delete()
+    payloads = [{"x": object()} if n == bad else {"n": n} for n in range(count)]
+    seen = []
+
+    def hook(queue, kind, given):
+        seen.append(len(seen))
+        return {**given, "trace": seen[-1]}
+
+    options = {} if headers is None else {"headers": headers}
+    if hooked:
+        propagation.add(hook)
+    try:
+        with override_settings(DBQUEUE={"ENQUEUE_BATCH_SIZE": batch}):
+            if bad is not None and bad < count:
+                with pytest.raises(PayloadNotSerializable):
+                    django_dbqueue.enqueue_many("jobs", payloads, **options)
+                still_in_step()
+                return
+            messages = django_dbqueue.enqueue_many("jobs", payloads, **options)
+    finally:
+        propagation.remove(hook)
+    expected = [{**(headers or {}), **({"trace": n} if hooked else {})} for n in range(count)]
+    assert [m.payload for m in messages] == payloads
+    assert [m.headers for m in messages] == expected
+    assert len({id(m.headers) for m in messages}) == count  # each its own
+    assert seen == (list(range(count)) if hooked else [])
+    stored = list(Message.objects.order_by("pk").values_list("pk", "payload", "headers"))
+    assert [(p, h) for _, p, h in stored] == list(zip(payloads, expected, strict=True))
+    if messages[0].pk is not None:  # MySQL (not MariaDB) returns no ids from a multi-row INSERT
+        assert [m.pk for m in messages] == [pk for pk, _, _ in stored]
