@@ -27,6 +27,7 @@ from django_dbqueue.models import (
     WorkflowEdge,
     WorkflowRun,
     WorkflowStep,
+    joins,
 )
 from django_dbqueue.models import workflows as table
 from django_dbqueue.reaper import Reaper
@@ -251,6 +252,26 @@ def test_acks_of_a_batch_settle_their_steps():
     c = take("c")
     assert set(c.parent_results()) == {"a", "b"}
     assert WorkflowRun.objects.get(pk=run.pk).open_steps == 1
+
+
+@pytest.mark.parametrize("rows", ["as read", "reversed"])
+def test_the_children_a_batch_releases_are_enqueued_in_their_declared_order(monkeypatch, rows):
+    # x is declared before y, but y's parent comes first among the edges read by parent: the children are
+    # enqueued (their ids, hence their claim order among equals) in the order they were declared, in
+    # whatever order the database's plan returns the edges (reversed: as another plan could).
+    if rows == "reversed":
+        read = joins._rows
+        monkeypatch.setattr(joins, "_rows", lambda cursor: list(reversed(read(cursor))))
+    workflow = Workflow("order")
+    workflow.group(Step("b", Q), Step("c", Q))
+    workflow.add("x", Q, after=["c"])
+    workflow.add("y", Q, after=["b"])
+    workflow.enqueue()
+    claimed = django_dbqueue.claim(Q, 2)
+    assert sorted(m.headers["dbqueue_step"][1] for m in claimed) == ["b", "c"]
+    assert django_dbqueue.ack_many(claimed) == [True, True]
+    released = Message.objects.filter(queue=Q).order_by("pk")
+    assert [m.headers["dbqueue_step"][1] for m in released] == ["x", "y"]
 
 
 def test_a_batch_of_step_acks_settles_together_in_as_many_statements_as_a_pair():

@@ -90,6 +90,12 @@ def skip_locked(using: str, table: str) -> str:
     return for_update_of(using, table, skip_locked=True)
 
 
+def locks_in_sort_order(using: str) -> bool:
+    """Whether a locking SELECT takes its row locks in its ORDER BY's order: PostgreSQL's do; MySQL/MariaDB
+    lock rows as they read them, whatever the sort, and SQLite locks no rows."""
+    return connections[using].vendor == "postgresql"
+
+
 def for_update_of(using: str, table: str, *, skip_locked: bool = False) -> str:
     """``FOR UPDATE`` of ``table``'s rows only, in a statement that may read others ('' on SQLite).
 

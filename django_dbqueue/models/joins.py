@@ -20,7 +20,7 @@ from django.db import connections
 
 from ..db import cursors
 from ..db.clock import compile_now
-from ..db.sql import for_update_of, json_param
+from ..db.sql import for_update_of, json_param, locks_in_sort_order
 from .statements import row_reader
 
 WORKFLOW_TABLE = "dbqueue_workflow"
@@ -88,7 +88,11 @@ def lock_children(using: str, workflow_id: int, parents: Sequence[str]) -> list[
     locks follow the sort). MySQL and MariaDB lock as they read, the edge
     rows too (nothing updates an edge): a parent's children in its edges'
     order, so two batches of parents that share children in another order
-    may deadlock, and the acknowledgement's transaction is retried. A
+    may deadlock, and the acknowledgement's transaction is retried. The
+    rows are put in position order here, after the statement: on MySQL
+    and MariaDB a sort in the statement orders no lock, and it went through
+    a temporary table on disk for the steps' JSON columns, most of the
+    statement's time (about 0.25 ms of a chain step's 2.6 on MariaDB). A
     child with several of ``parents`` comes once per edge.
     """
     connection = connections[using]
@@ -101,12 +105,15 @@ def lock_children(using: str, workflow_id: int, parents: Sequence[str]) -> list[
         using,
         f"SELECT {columns}, {edge}.{qn('parent')}, {edge}.{qn('ignore')} FROM {edge} INNER JOIN {step} "
         f"ON {step}.{qn('workflow_id')} = {edge}.{qn('workflow_id')} AND {step}.{qn('name')} = {edge}.{qn('child')} "
-        f"WHERE {edge}.{qn('workflow_id')} = %s AND {edge}.{qn('parent')} IN ({_marks(parents)}) "
-        f"ORDER BY {step}.{qn('position')}{lock}",
+        f"WHERE {edge}.{qn('workflow_id')} = %s AND {edge}.{qn('parent')} IN ({_marks(parents)})"
+        + (f" ORDER BY {step}.{qn('position')}" if locks_in_sort_order(using) else "")
+        + lock,
         [workflow_id, *parents],
         _rows,
     )
-    return [(row[-2], row[-1], build(row)) for row in rows]
+    found = [(row[-2], row[-1], build(row)) for row in rows]
+    found.sort(key=lambda edge_row: edge_row[2].position)  # stable: the statement's order where it sorted
+    return found
 
 
 def take_pending(using: str, step_ids: Sequence[int], settled: int) -> None:
