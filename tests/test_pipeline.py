@@ -34,7 +34,8 @@ def still_in_step():
         cursor.execute("SELECT 1")
         assert cursor.fetchone()[0] == 1
     assert Message.objects.count() == 0
-    assert django_dbqueue.enqueue_many("jobs", [{"after": 1}, {"after": 2}])[1].pk is not None
+    django_dbqueue.enqueue_many("jobs", [{"after": 1}, {"after": 2}])
+    assert sorted(m["after"] for m in Message.objects.values_list("payload", flat=True)) == [1, 2]
 
 
 def test_more_messages_than_one_statement_come_back_in_order_with_their_ids():
@@ -168,6 +169,24 @@ def test_a_statement_the_server_refuses_in_flight_raises_djangos_error(refusing_
     still_in_step()
 
 
+@mysql_only
+def test_a_refusal_read_on_the_way_out_keeps_the_callers_transaction(refusing_trigger):
+    # A payload refused while the statement in flight is refused by the server too: the caller sees the
+    # payload's error, the server's answer is read (not left on the wire), and the connection, in step,
+    # stays open: the caller's transaction goes on.
+    batch = get_settings().enqueue_batch_size
+    before = connections["default"].connection
+    with transaction.atomic():
+        kept = django_dbqueue.enqueue("jobs", {"kept": True})
+        payloads = many(3 * batch, **{str(batch + 7): {"boom": 1}, str(2 * batch + 1): {1j}})
+        with pytest.raises(PayloadNotSerializable):
+            django_dbqueue.enqueue_many("jobs", payloads)
+        django_dbqueue.enqueue("jobs", {"kept": "too"})
+    assert connections["default"].connection is before
+    assert sorted(Message.objects.values_list("payload", flat=True), key=str) == [{"kept": "too"}, {"kept": True}]
+    assert Message.objects.filter(pk=kept.pk).exists()
+
+
 def test_an_execute_wrapper_sees_every_statement_of_enqueue_many():
     seen = []
 
@@ -203,42 +222,65 @@ class Interrupted(BaseException):
 
 @mysql_only
 @pytest.mark.parametrize(
-    ("where", "times"),
-    [("send_query", 1), ("read_query_result", 1), ("read_query_result", 2), ("store_result", 1)],
+    ("where", "kept"),
+    [
+        # Making a message while the statement is out: nothing read yet, the answer is read, the connection kept.
+        (["with_payload:before"], True),
+        # In the driver's calls, as they return: what is left on the wire is unknown, the connection is closed.
+        (["send_query:before"], False),
+        (["send_query:after"], False),
+        (["read_query_result:after"], False),
+        (["store_result:after"], False),
+        # The read on leaving the block interrupted too.
+        (["with_payload:before", "read_query_result:after"], False),
+    ],
 )
-def test_an_interruption_in_flight_never_leaves_the_connection_out_of_step(monkeypatch, where, times):
-    # Once: the answer is read when the block is left. Twice: reading it there is interrupted too, and the
-    # connection, out of step for good, is closed.
+def test_an_interruption_in_flight_never_leaves_the_connection_out_of_step(monkeypatch, where, kept):
+    wrapper = connections["default"]
+    # A regression here would wait on the socket: a read timeout turns that into a failure.
+    monkeypatch.setitem(wrapper.settings_dict["OPTIONS"], "read_timeout", 30)
+    wrapper.close()
     django_dbqueue.enqueue("jobs", {})  # the connection open
     Message.objects.all().delete()
-    driver = type(connections["default"].connection)
-    original, raised = getattr(driver, where), []
+    before = wrapper.connection
+    planned, done, armed = list(where), [], []
 
-    def interrupted(self, *args):
-        if len(raised) == 1 and times == 2:  # the second time, before the call does anything
-            raised.append(where)
-            raise Interrupted
-        result = original(self, *args)
-        if not raised:  # the first time, after the call did its work
-            raised.append(where)
-            raise Interrupted
-        return result
+    def interrupting(owner, name):
+        original = getattr(owner, name)
 
-    monkeypatch.setattr(driver, where, interrupted)
+        def call(self, *args):
+            if name == "send_query":
+                armed.append(name)  # from the pipeline's first statement on
+            if armed and planned and planned[0] == f"{name}:before":
+                done.append(planned.pop(0))
+                raise Interrupted
+            result = original(self, *args)
+            if armed and planned and planned[0] == f"{name}:after":
+                done.append(planned.pop(0))
+                raise Interrupted
+            return result
+
+        monkeypatch.setattr(owner, name, call)
+
+    for name in ("send_query", "read_query_result", "store_result"):
+        interrupting(type(before), name)
+    interrupting(Message, "with_payload")
     with pytest.raises(Interrupted):
         django_dbqueue.enqueue_many("jobs", many(2 * get_settings().enqueue_batch_size))
-    assert raised == [where] * times
-    # Every later statement gets its own answer, not the INSERT's ids: on the same connection (the answer
-    # was read), or on a new one (half read, the connection was closed).
+    assert done == where
+    monkeypatch.undo()  # the driver as it was
+    # Every later statement gets its own answer, not the INSERT's ids: on the same connection where the
+    # answer could be read, on a new one where it could not.
     for n in range(3):
         with connection.cursor() as cursor:
             cursor.execute("SELECT %s", [n + 10])
             assert cursor.fetchall() == ((n + 10,),)
+    assert (wrapper.connection is before) == kept
     still_in_step()
 
 
 @mysql_only
-def test_a_tracers_proxy_around_the_driver_is_not_sent_statements_to_read_later(monkeypatch):
+def test_a_tracers_proxy_or_a_measuring_backend_is_not_sent_statements_to_read_later(monkeypatch):
     django_dbqueue.enqueue("jobs", {})
     wrapper = connections["default"]
     assert cursors.Pipeline("default").driver is wrapper.connection
@@ -250,7 +292,16 @@ def test_a_tracers_proxy_around_the_driver_is_not_sent_statements_to_read_later(
         def __getattr__(self, name):
             return getattr(self.wrapped, name)
 
-    monkeypatch.setattr(wrapper, "connection", Proxy(wrapper.connection))
+    real = wrapper.connection
+    monkeypatch.setattr(wrapper, "connection", Proxy(real))
+    assert cursors.Pipeline("default").driver is None
+    monkeypatch.setattr(wrapper, "connection", real)
+
+    class Measuring(type(wrapper)):  # as a backend that counts statements in its cursors does
+        def create_cursor(self, name=None):
+            return super().create_cursor(name)
+
+    monkeypatch.setattr(wrapper, "__class__", Measuring)
     assert cursors.Pipeline("default").driver is None
 
 

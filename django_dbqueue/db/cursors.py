@@ -15,6 +15,7 @@ due), the statement goes through ``connection.cursor()`` like any other.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
@@ -90,47 +91,53 @@ class Pipeline:
 
     ``enqueue_many`` on MySQL/MariaDB spent about a third of its time
     building messages while the server waited, then waited while the server
-    inserted them. Where the driver is MySQLdb's own connection (it can send
-    a statement and read its answer later: ``send_query``,
-    ``read_query_result``; a tracer's proxy around it is not trusted with
-    that) and nothing watches statements (`run_on`'s conditions), `send`
-    returns as soon as the statement is on its way, and `take` reads its
-    rows. Elsewhere `send` runs it at once through `run_on`. One statement
-    in flight at most, and the caller must not run any other statement on
-    the connection (nor code that might) between the two. Leaving the
-    ``with`` block reads any answer still due; where that fails (an
-    interruption left the answer half read), the connection is closed, as
-    MySQLdb closes one it cannot trust, rather than answer the next
-    statement with this one's rows.
+    inserted them. Where the driver is MySQLdb's own connection under
+    Django's own MySQL backend (it can send a statement and read its answer
+    later: ``send_query``, ``read_query_result``; a tracer's proxy around it,
+    or a backend that wraps its cursors, is not trusted with that) and
+    nothing watches statements (`run_on`'s conditions), `send` returns as
+    soon as the statement is on its way, and `take` reads its rows.
+    Elsewhere `send` runs it at once through `run_on`. One statement in
+    flight at most, and the caller must not run any other statement on the
+    connection (nor code that might) between the two.
+
+    Leaving the ``with`` block reads an answer still due. Where an
+    exception (Ctrl-C, a timeout's signal) came while the driver was sending
+    or reading, nobody knows what is left on the wire: reading again could
+    wait for an answer that never comes, or read the wrong one. The
+    connection is closed then, as MySQLdb closes one it cannot trust, which
+    ends the transaction it was in.
     """
+
+    IDLE, SENDING, SENT, READING = "idle", "sending", "sent", "reading"
 
     def __init__(self, using: str) -> None:
         self.connection = connection = connections[using]
         driver = connection.connection
-        self.driver = (
-            driver if connection.vendor == "mysql" and _own_mysqldb(driver) and not watched(connection) else None
-        )
+        self.driver = driver if connection.vendor == "mysql" and _pipelines(connection) else None
         self.rows: list[Any] | None = None  # the answer of a statement run at once
-        self.sent = False  # a statement may be on its way, its answer not read in full
+        self.state = self.IDLE
 
     def __enter__(self) -> Pipeline:
         return self
 
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
-        if not self.sent:
-            return
-        if error is None:
-            self.take()
-            return
         try:
-            self.take()  # the connection back in step; the error that ended the block is the one raised
+            if self.state == self.SENT:  # nothing read yet: the whole answer is on its way
+                self.take()
         except BaseException:
-            self.connection.close()  # out of step for good: Django opens a new one
+            if error is None:
+                raise
+            # else the error that ended the block is the one raised
+        finally:
+            if self.state != self.IDLE:  # interrupted while sending or reading
+                with contextlib.suppress(Exception):
+                    self.connection.close()  # Django opens a new one
 
     @async_unsafe
     def send(self, sql: str, params: Sequence[Any]) -> None:
         """Send ``sql`` with ``params``; its rows come from `take`, which must be called before the next `send`."""
-        if self.sent or self.rows is not None:
+        if self.state != self.IDLE or self.rows is not None:
             raise RuntimeError("Pipeline.send: the last statement's answer was not taken")
         driver = self.driver
         if driver is None:
@@ -139,43 +146,54 @@ class Pipeline:
         self.connection.validate_thread_sharing()
         self.connection.validate_no_broken_transaction()
         query = sql.encode(driver.encoding) % tuple(map(driver.literal, params))  # as MySQLdb's cursor formats it
-        self.sent = True  # before it goes: an interruption just after it went must still read its answer
         with self.connection.wrap_database_errors:
+            self.state = self.SENDING
             try:
                 driver.send_query(query)
             except driver.Error:
-                self.sent = False  # refused by the driver: nothing is on its way
+                self.state = self.IDLE  # refused before it went (or the connection is gone)
                 raise
+            self.state = self.SENT
 
     def take(self) -> list[Any]:
         """The rows of the statement last sent (none for a statement that returns none), once it has run."""
-        if not self.sent:
+        if self.state == self.IDLE:
             rows, self.rows = self.rows, None
             if rows is None:
                 raise RuntimeError("Pipeline.take: no statement was sent")
             return rows
+        if self.state != self.SENT:
+            raise RuntimeError(f"Pipeline.take: the connection is out of step ({self.state})")
         driver = self.driver
         assert driver is not None
         with self.connection.wrap_database_errors:
+            self.state = self.READING
             try:
                 driver.read_query_result()
                 # RETURNING's rows come after the answer's head: a row the server refuses midway (a
                 # trigger's) ends them with the error, raised here.
                 result = driver.store_result()
             except driver.Error as e:
-                self.sent = False  # the server's refusal ended the answer (or the connection is gone)
+                self.state = self.IDLE  # the server's refusal ended the answer (or the connection is gone)
                 if e.args and e.args[0] in _integrity_codes():
                     raise driver.IntegrityError(*e.args) from e
                 raise
-            rows = list(result.fetch_row(0)) if result is not None else []
-        self.sent = False
-        return rows
+            self.state = self.IDLE  # the whole answer is in ``result``, on this side
+        return list(result.fetch_row(0)) if result is not None else []
 
 
-def _own_mysqldb(driver: Any) -> bool:
-    """Whether ``driver`` is a MySQLdb connection itself, not a proxy around one (a tracer's)."""
-    kind = type(driver)
-    return (kind.__module__, kind.__qualname__) == ("MySQLdb.connections", "Connection")
+def _pipelines(connection: BaseDatabaseWrapper) -> bool:
+    """Whether statements can be sent on ``connection`` and answered later: its driver is a MySQLdb connection
+    itself (not a tracer's proxy around one), its backend's cursors are Django's MySQL backend's (not a
+    subclass's that measures them), and nothing watches its statements."""
+    from django.db.backends.mysql.base import DatabaseWrapper as MySQL
+
+    kind = type(connection.connection)
+    return (
+        (kind.__module__, kind.__qualname__) == ("MySQLdb.connections", "Connection")
+        and type(connection).create_cursor is MySQL.create_cursor
+        and not watched(connection)
+    )
 
 
 def _integrity_codes() -> Any:
