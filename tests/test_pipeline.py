@@ -1,9 +1,12 @@
 """enqueue_many's statements in flight (django_dbqueue.db.cursors.Pipeline): the messages of one statement are
 made while the server runs it, and whatever fails on the way, nothing is written and the connection stays in step."""
 
+import contextlib
+
 import hypothesis
 import pytest
 from django.db import DatabaseError, IntegrityError, connection, connections, transaction
+from django.db.transaction import TransactionManagementError
 from django.test import override_settings
 from hypothesis import strategies as st
 
@@ -127,7 +130,7 @@ def test_a_header_hook_that_raises_midway_leaves_nothing_written():
 
     def hook(queue, kind, headers):
         calls.append(1)
-        if len(calls) == batch + 50:  # while the first statement is in flight
+        if len(calls) == batch + 50:  # hooks run before any statement: nothing is sent
             raise RuntimeError("the tracer broke")
         return {**headers, "trace": len(calls)}
 
@@ -220,63 +223,103 @@ class Interrupted(BaseException):
     """As KeyboardInterrupt or a timeout's SystemExit would: raised as the driver's C call returns."""
 
 
-@mysql_only
-@pytest.mark.parametrize(
-    ("where", "kept"),
-    [
-        # Making a message while the statement is out: nothing read yet, the answer is read, the connection kept.
-        (["with_payload:before"], True),
-        # In the driver's calls, as they return: what is left on the wire is unknown, the connection is closed.
-        (["send_query:before"], False),
-        (["send_query:after"], False),
-        (["read_query_result:after"], False),
-        (["store_result:after"], False),
-        # The read on leaving the block interrupted too.
-        (["with_payload:before", "read_query_result:after"], False),
-    ],
-)
-def test_an_interruption_in_flight_never_leaves_the_connection_out_of_step(monkeypatch, where, kept):
+class Broken(Exception):
+    """An ordinary error of the caller's side (a payload's check, a bug)."""
+
+
+@contextlib.contextmanager
+def interrupted_at(where):
+    """The driver's calls (and the making of messages) raise as ``where`` plans, from the pipeline's first
+    statement on: ``"read_query_result:after"`` raises Interrupted once that call has done its work,
+    ``"send_query:before"`` before it starts, ``"with_payload:broken"`` raises Broken there. Yields the
+    list of what was raised; a read timeout on the connection turns a regression that waits on the
+    socket into a failure."""
     wrapper = connections["default"]
-    # A regression here would wait on the socket: a read timeout turns that into a failure.
-    monkeypatch.setitem(wrapper.settings_dict["OPTIONS"], "read_timeout", 30)
-    wrapper.close()
-    django_dbqueue.enqueue("jobs", {})  # the connection open
-    Message.objects.all().delete()
-    before = wrapper.connection
     planned, done, armed = list(where), [], []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(wrapper.settings_dict["OPTIONS"], "read_timeout", 30)
+        wrapper.close()
+        wrapper.ensure_connection()
 
-    def interrupting(owner, name):
-        original = getattr(owner, name)
+        def interrupting(owner, name):
+            original = getattr(owner, name)
 
-        def call(self, *args):
-            if name == "send_query":
-                armed.append(name)  # from the pipeline's first statement on
-            if armed and planned and planned[0] == f"{name}:before":
-                done.append(planned.pop(0))
-                raise Interrupted
-            result = original(self, *args)
-            if armed and planned and planned[0] == f"{name}:after":
-                done.append(planned.pop(0))
-                raise Interrupted
-            return result
+            def call(self, *args):
+                if name == "send_query":
+                    armed.append(name)
+                for when, error in (("before", Interrupted), ("broken", Broken)):
+                    if armed and planned and planned[0] == f"{name}:{when}":
+                        done.append(planned.pop(0))
+                        raise error
+                result = original(self, *args)
+                if armed and planned and planned[0] == f"{name}:after":
+                    done.append(planned.pop(0))
+                    raise Interrupted
+                return result
 
-        monkeypatch.setattr(owner, name, call)
+            patch.setattr(owner, name, call)
 
-    for name in ("send_query", "read_query_result", "store_result"):
-        interrupting(type(before), name)
-    interrupting(Message, "with_payload")
-    with pytest.raises(Interrupted):
-        django_dbqueue.enqueue_many("jobs", many(2 * get_settings().enqueue_batch_size))
+        for name in ("send_query", "read_query_result", "store_result"):
+            interrupting(type(wrapper.connection), name)
+        interrupting(Message, "with_payload")
+        try:
+            yield done
+        finally:
+            patch.undo()
+            wrapper.close()  # the next test's connection without the read timeout
     assert done == where
-    monkeypatch.undo()  # the driver as it was
-    # Every later statement gets its own answer, not the INSERT's ids: on the same connection where the
-    # answer could be read, on a new one where it could not.
+
+
+def answers_its_own():
+    """Every statement gets its own answer, not the INSERT's ids."""
     for n in range(3):
         with connection.cursor() as cursor:
             cursor.execute("SELECT %s", [n + 10])
             assert cursor.fetchall() == ((n + 10,),)
-    assert (wrapper.connection is before) == kept
+
+
+@mysql_only
+@pytest.mark.parametrize(
+    ("where", "kept", "raised"),
+    [
+        # Making a message while the statement is out: nothing read yet, the answer is read, the connection kept.
+        (["with_payload:before"], True, Interrupted),
+        # In the driver's calls, as they return: what is left on the wire is unknown, the connection is closed.
+        (["send_query:before"], False, Interrupted),
+        (["send_query:after"], False, Interrupted),
+        (["read_query_result:after"], False, Interrupted),
+        (["store_result:after"], False, Interrupted),
+        # The read on leaving the block interrupted too: that interruption is the one the caller sees.
+        (["with_payload:before", "read_query_result:after"], False, Interrupted),
+        (["with_payload:broken", "read_query_result:after"], False, Interrupted),
+        # A plain error while the statement is out: the answer is read, the connection kept.
+        (["with_payload:broken"], True, Broken),
+    ],
+)
+def test_an_interruption_in_flight_never_leaves_the_connection_out_of_step(where, kept, raised):
+    django_dbqueue.enqueue("jobs", {})
+    Message.objects.all().delete()
+    with interrupted_at(where):
+        before = connections["default"].connection
+        with pytest.raises(raised):
+            django_dbqueue.enqueue_many("jobs", many(2 * get_settings().enqueue_batch_size))
+        answers_its_own()  # on the same connection where the answer could be read, else on a new one
+        assert (connections["default"].connection is before) == kept
     still_in_step()
+
+
+@mysql_only
+def test_an_interruption_inside_the_callers_transaction_ends_it():
+    with interrupted_at(["read_query_result:after"]):
+        with transaction.atomic():
+            django_dbqueue.enqueue("jobs", {"lost": True})
+            with pytest.raises(Interrupted):
+                django_dbqueue.enqueue_many("jobs", many(2 * get_settings().enqueue_batch_size))
+            with pytest.raises(TransactionManagementError) as refused:
+                django_dbqueue.enqueue("jobs", {"refused": True})
+            assert isinstance(refused.value.__cause__, Interrupted)
+        answers_its_own()
+    still_in_step()  # nothing of the block was committed
 
 
 @mysql_only

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.utils.asyncio import async_unsafe
@@ -101,12 +102,17 @@ class Pipeline:
     flight at most, and the caller must not run any other statement on the
     connection (nor code that might) between the two.
 
-    Leaving the ``with`` block reads an answer still due. Where an
-    exception (Ctrl-C, a timeout's signal) came while the driver was sending
-    or reading, nobody knows what is left on the wire: reading again could
-    wait for an answer that never comes, or read the wrong one. The
-    connection is closed then, as MySQLdb closes one it cannot trust, which
-    ends the transaction it was in.
+    Leaving the ``with`` block reads an answer still due (a refusal read
+    there gives way to the error that ended the block; an interruption does
+    not). Where an exception (Ctrl-C, a timeout's signal) came while the
+    driver was sending or reading, or the driver failed on this side of the
+    wire, nobody knows what is left on it: reading again could wait for an
+    answer that never comes, or read the wrong one. The connection is
+    closed then, as MySQLdb closes one it cannot trust, which ends the
+    transaction it was in (inside an ``atomic()`` block, the block's next
+    query raises TransactionManagementError, from the interruption). A
+    second interruption in the few bytecodes before the socket is shut
+    cannot be guarded against in Python.
     """
 
     IDLE, SENDING, SENT, READING = "idle", "sending", "sent", "reading"
@@ -125,14 +131,27 @@ class Pipeline:
         try:
             if self.state == self.SENT:  # nothing read yet: the whole answer is on its way
                 self.take()
-        except BaseException:
+        except DatabaseError:
             if error is None:
                 raise
-            # else the error that ended the block is the one raised
+            # the server's refusal, read: the error that ended the block is the one raised
         finally:
             if self.state != self.IDLE:  # interrupted while sending or reading
-                with contextlib.suppress(Exception):
-                    self.connection.close()  # Django opens a new one
+                self._drop(sys.exception() or error)
+
+    def _drop(self, cause: BaseException | None) -> None:
+        """Close a connection out of step: the socket first, in one call of the driver, then Django's state."""
+        driver = self.driver
+        try:  # noqa: SIM105 - no context manager's call before the socket is shut: one window fewer
+            driver.close()  # type: ignore[union-attr]  # a state other than idle has a driver
+        except Exception:
+            pass  # already closed, or gone: closed all the same
+        connection = self.connection
+        with contextlib.suppress(Exception):
+            connection.close()  # in an atomic block: marked for rollback, dropped when the block ends
+        if connection.in_atomic_block and cause is not None:
+            # The cause of the block's TransactionManagementError (Django's; not in django-stubs yet).
+            connection.rollback_exc = cause  # type: ignore[attr-defined]
 
     @async_unsafe
     def send(self, sql: str, params: Sequence[Any]) -> None:
@@ -148,11 +167,7 @@ class Pipeline:
         query = sql.encode(driver.encoding) % tuple(map(driver.literal, params))  # as MySQLdb's cursor formats it
         with self.connection.wrap_database_errors:
             self.state = self.SENDING
-            try:
-                driver.send_query(query)
-            except driver.Error:
-                self.state = self.IDLE  # refused before it went (or the connection is gone)
-                raise
+            driver.send_query(query)  # a failure here is this side's: the state stays, and the block drops it
             self.state = self.SENT
 
     def take(self) -> list[Any]:
@@ -174,7 +189,8 @@ class Pipeline:
                 # trigger's) ends them with the error, raised here.
                 result = driver.store_result()
             except driver.Error as e:
-                self.state = self.IDLE  # the server's refusal ended the answer (or the connection is gone)
+                if _server_error(e):
+                    self.state = self.IDLE  # the server's refusal ended the answer
                 if e.args and e.args[0] in _integrity_codes():
                     raise driver.IntegrityError(*e.args) from e
                 raise
@@ -182,18 +198,23 @@ class Pipeline:
         return list(result.fetch_row(0)) if result is not None else []
 
 
+def _server_error(error: Exception) -> bool:
+    """Whether a driver error is the server's answer (its code outside the client's 2000 to 2999): the answer
+    ended with it. The client's own (a lost connection, a lock already held) leave the wire unknown."""
+    code = error.args[0] if error.args else None
+    return isinstance(code, int) and not 2000 <= code < 3000
+
+
 def _pipelines(connection: BaseDatabaseWrapper) -> bool:
     """Whether statements can be sent on ``connection`` and answered later: its driver is a MySQLdb connection
     itself (not a tracer's proxy around one), its backend's cursors are Django's MySQL backend's (not a
     subclass's that measures them), and nothing watches its statements."""
+    kind = type(connection.connection)
+    if (kind.__module__, kind.__qualname__) != ("MySQLdb.connections", "Connection"):
+        return False
     from django.db.backends.mysql.base import DatabaseWrapper as MySQL
 
-    kind = type(connection.connection)
-    return (
-        (kind.__module__, kind.__qualname__) == ("MySQLdb.connections", "Connection")
-        and type(connection).create_cursor is MySQL.create_cursor
-        and not watched(connection)
-    )
+    return type(connection).create_cursor is MySQL.create_cursor and not watched(connection)
 
 
 def _integrity_codes() -> Any:
