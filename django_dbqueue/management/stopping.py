@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 # The exit status of a second signal: the loop was not waited for.
@@ -21,13 +21,31 @@ FORCED_EXIT = 4
 
 @contextmanager
 def stop_on_signals() -> Iterator[threading.Event]:
-    """The event SIGTERM/SIGINT set while the block runs; the previous handlers come back after it."""
+    """The event SIGTERM/SIGINT set while the block runs; the previous handlers come back after it.
+
+    The handler runs on the main thread between two bytecodes, maybe while
+    that thread holds the event's own lock (waiting on it, as it wakes): it
+    never takes that lock itself. A helper thread sets the event, woken
+    through a pipe the handler writes to.
+    """
     stop = threading.Event()
+    read_end, write_end = os.pipe()
+    signalled: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:
-        if stop.is_set():
+        if signalled:
             os._exit(FORCED_EXIT)
-        stop.set()
+        signalled.append(signum)
+        os.write(write_end, b"!")
+
+    def relay() -> None:
+        try:
+            if os.read(read_end, 1) == b"!":
+                stop.set()
+        finally:
+            os.close(read_end)
+
+    threading.Thread(target=relay, name="dbqueue-signals", daemon=True).start()
 
     previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -35,3 +53,6 @@ def stop_on_signals() -> Iterator[threading.Event]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        with suppress(OSError):  # a relay that passed a signal on has ended already
+            os.write(write_end, b".")  # the relay ends
+        os.close(write_end)
