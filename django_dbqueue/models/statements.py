@@ -442,11 +442,11 @@ def insert_alike(
     header hooks add to them, their headers (``own_headers``, one per
     payload, checked). Each payload is checked, its row written and its
     copy of ``first`` made (`with_payload`) while the server runs the
-    statement before (`cursors.Pipeline`), so on every database the
-    payloads after the first statement's are checked once it has run: one
-    that fails raises inside the caller's transaction, which then commits
-    nothing. Nothing here runs code of the caller's while a statement is in
-    flight.
+    statement before (`cursors.Pipeline`; elsewhere, once it has run): on
+    every database the payloads after the first statement's are checked
+    after the statement before them was sent, and one that fails raises
+    inside the caller's transaction, which then commits nothing. Nothing
+    here runs code of the caller's while a statement is in flight.
     """
     template = inserted_values(first, _adapter(using))
     blank = first.with_payload(first.payload, first.headers, template[PAYLOAD])  # made once, copied for each
