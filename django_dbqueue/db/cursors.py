@@ -26,6 +26,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.utils.asyncio import async_unsafe
 
+from .errors import mysql_code
+
 T = TypeVar("T")
 
 # Where a connection keeps its driver cursor: (the driver connection it belongs to, the cursor).
@@ -191,7 +193,7 @@ class Pipeline:
             except driver.Error as e:
                 if _server_error(e):
                     self.state = self.IDLE  # the server's refusal ended the answer
-                if e.args and e.args[0] in _integrity_codes():
+                if mysql_code(e) in _integrity_codes():
                     raise driver.IntegrityError(*e.args) from e
                 raise
             self.state = self.IDLE  # the whole answer is in ``result``, on this side
@@ -201,8 +203,8 @@ class Pipeline:
 def _server_error(error: Exception) -> bool:
     """Whether a driver error is the server's answer (its code outside the client's 2000 to 2999): the answer
     ended with it. The client's own (a lost connection, a lock already held) leave the wire unknown."""
-    code = error.args[0] if error.args else None
-    return isinstance(code, int) and not 2000 <= code < 3000
+    code = mysql_code(error)
+    return code is not None and not 2000 <= code < 3000
 
 
 def _pipelines(connection: BaseDatabaseWrapper) -> bool:
