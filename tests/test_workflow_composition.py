@@ -523,7 +523,7 @@ def test_a_batch_marks_each_step_as_its_own_message_only():
     assert steps["a"] == steps["c"] != steps["d"]
     changed = joins.finish_steps(
         connection.alias, "enqueued", run.pk, [("a", steps["d"]), ("c", steps["c"])], Outcome.ACKED, ""
-    )
+    ).get()
     assert changed == 1
     assert {n: s for n, (s, _) in status_of(run).items()} == {"a": "enqueued", "c": "acked", "d": "enqueued"}
 

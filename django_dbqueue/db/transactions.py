@@ -11,6 +11,8 @@ from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 
+from . import cursors
+
 logger = logging.getLogger("django_dbqueue")
 
 
@@ -84,33 +86,48 @@ def short_transaction(using: str) -> Iterator[None]:
         with write_transaction(using):
             yield
         return
-    with connection.cursor() as cursor:
-        cursor.execute("START TRANSACTION")
+    connection.ensure_connection()
     # Django's view of the session, as atomic() sets it, without the SET autocommit=0 that atomic()
     # would send: the server's autocommit stays on, suspended by START TRANSACTION until COMMIT.
     connection.autocommit = False
     try:
-        try:
-            # Outside atomic() with autocommit off, Django takes the session for a transaction already
-            # begun: no savepoint (savepoint=False), no commit at its end; its hooks wait for ours.
-            with transaction.atomic(using=using, savepoint=False):
-                yield
-        except BaseException:
-            _abandon(connection)
-            raise
-        if connection.closed_in_transaction or connection.needs_rollback:
-            # The body closed the connection, or caught an error Django had marked for a rollback.
-            why = "closed" if connection.closed_in_transaction else "marked for a rollback"
-            _abandon(connection)
-            raise TransactionManagementError(f"the transaction was {why} inside short_transaction: not committed")
-        try:
-            connection.commit()
-        except BaseException:
-            _abandon(connection)
-            raise
+        with cursors.grouping(using):  # START TRANSACTION goes out with the first statement answered
+            cursors.later(using, "START TRANSACTION", None)
+            try:
+                # Outside atomic() with autocommit off, Django takes the session for a transaction already
+                # begun: no savepoint (savepoint=False), no commit at its end; its hooks wait for ours.
+                with transaction.atomic(using=using, savepoint=False):
+                    yield
+            except BaseException:
+                cursors.discard(connection)
+                _abandon(connection)
+                raise
+            if connection.closed_in_transaction or connection.needs_rollback:
+                # The body closed the connection, or caught an error Django had marked for a rollback.
+                why = "closed" if connection.closed_in_transaction else "marked for a rollback"
+                cursors.discard(connection)
+                _abandon(connection)
+                raise TransactionManagementError(f"the transaction was {why} inside short_transaction: not committed")
+            try:
+                _commit(connection)
+            except BaseException:
+                _abandon(connection)
+                raise
     finally:
         connection.autocommit = True
     _run_hooks(connection)
+
+
+def _commit(connection: BaseDatabaseWrapper) -> None:
+    """COMMIT, in one round trip with the statements still waiting when no answer of theirs is wanted: a
+    statement the server refuses stops the COMMIT after it. Else what waits goes first, then Django's commit."""
+    if cursors.only_unread(connection):
+        cursors.later(connection.alias, "COMMIT", None)
+        cursors.flush(connection)
+        connection.errors_occurred = False  # as Django's commit() notes a working connection
+        return
+    cursors.flush(connection)
+    connection.commit()
 
 
 def _abandon(connection: BaseDatabaseWrapper) -> None:

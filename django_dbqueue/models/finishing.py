@@ -18,6 +18,7 @@ from django.db.models import Q
 
 from .. import signals, validation
 from ..conf import queue_options
+from ..db import cursors
 from ..db.clock import DbNow
 from ..db.errors import with_retries
 from ..db.transactions import short_transaction, write_transaction
@@ -241,25 +242,32 @@ class Finishing(Leasing[Live]):
             landed.settled(messages)
             return owned, unknown
 
+        everyone = {m.pk for m in messages}
         if ack_in_one_statement(using):
 
             def one() -> set[int]:
                 if not steps:
-                    return ack_leased(using, tokens, archived, worker, kept, notes)
+                    return ack_leased(using, tokens, archived, worker, kept, notes).get()
+                try:  # the steps' statements go out with the ack's, as if every lease held (almost always)
+                    with write_transaction(using), cursors.grouping(using):
+                        ack_leased(using, tokens, archived, worker, kept, notes, _all_of(everyone))
+                        return settle(everyone)
+                except _LeaseMoved:  # rolled back: the ack first, then the steps of what it acked
+                    pass
                 with write_transaction(using):
-                    return settle(ack_leased(using, tokens, archived, worker, kept, notes))
+                    return settle(ack_leased(using, tokens, archived, worker, kept, notes).get())
 
             return with_retries(using, lambda: answered(one), what="ack_many")
-
-        everyone = {m.pk for m in messages}
 
         def write() -> set[int]:
             # Every lease holds, almost always: acknowledge without locking first; else roll back and lock.
             try:
                 with short_transaction(using):
-                    if ack_unlocked(using, tokens, archived, worker, kept, notes):
-                        return settle(everyone) if steps else everyone
-                    raise _LeaseMoved
+                    acked = ack_unlocked(using, tokens, archived, worker, kept, notes, _LeaseMoved)
+                    if steps:  # their statements go out with the ack's, which refuses them all if a lease moved
+                        settle(everyone)
+                    acked.get()
+                    return everyone
             except _LeaseMoved:
                 pass
             with short_transaction(using):
@@ -321,3 +329,15 @@ def _distinct_rounds(messages: list[LiveMessage]) -> list[list[tuple[int, LiveMe
 
 class _LeaseMoved(Exception):
     """A batch's unlocked acknowledgement found a lease that no longer held: rolls it back."""
+
+
+def _all_of(expected: set[int]) -> Callable[[Any], set[int]]:
+    """The answer of a PostgreSQL ack (the ids it deleted), refused with `_LeaseMoved` unless it is ``expected``."""
+
+    def check(cursor: Any) -> set[int]:
+        ids = {row[0] for row in cursor.fetchall()}
+        if ids != expected:
+            raise _LeaseMoved(f"{len(ids)} leases held of {len(expected)}")
+        return ids
+
+    return check

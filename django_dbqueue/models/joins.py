@@ -49,7 +49,7 @@ def finish_steps(
     reason: str,
     result: Any = None,
     note: str = "",
-) -> int:
+) -> cursors.Later[int]:
     """Set workflow ``workflow_id``'s ``steps`` (name, message id) that are in ``state`` as those messages to
     ``outcome``, with ``reason``, ``result`` (kept: a JSON value, or None for SQL NULL) and its ``note``; the
     rows changed. A step in another state is left.
@@ -67,7 +67,7 @@ def finish_steps(
     ids = [int(message_id) for _, message_id in steps]  # integers in the text (`note_enqueued`); names are parameters
     workflows = " ".join(f"WHEN {message_id} THEN {int(workflow_id)}" for message_id in ids)
     names = " ".join(f"WHEN {message_id} THEN %s" for message_id in ids)
-    return cursors.run(
+    return cursors.later(
         using,
         f"UPDATE {qn(STEP_TABLE)} SET {qn('state')} = %s, {qn('result')} = {value}, {qn('result_note')} = %s, "
         f"{qn('reason')} = %s, {qn('finished_at')} = {now} "
@@ -79,7 +79,7 @@ def finish_steps(
     )
 
 
-def lock_children(using: str, workflow_id: int, parents: Sequence[str]) -> list[tuple[str, str, Any]]:
+def lock_children(using: str, workflow_id: int, parents: Sequence[str]) -> cursors.Later[list[tuple[str, str, Any]]]:
     """(parent, ignore, child step) of every edge out of ``parents``, the child steps locked (``FOR UPDATE``
     where the database has it), as `WorkflowStep` instances: one statement, by the edges' (workflow,
     parent) index and the steps' (workflow, name) unique index.
@@ -93,7 +93,8 @@ def lock_children(using: str, workflow_id: int, parents: Sequence[str]) -> list[
     and MariaDB a sort in the statement orders no lock, and it went through
     a temporary table on disk for the steps' JSON columns, most of the
     statement's time (about 0.25 ms of a chain step's 2.6 on MariaDB). A
-    child with several of ``parents`` comes once per edge.
+    child with several of ``parents`` comes once per edge. Held back in a
+    `cursors.grouping` block, to go out with the parents' own statements.
     """
     connection = connections[using]
     qn = connection.ops.quote_name
@@ -101,7 +102,13 @@ def lock_children(using: str, workflow_id: int, parents: Sequence[str]) -> list[
     columns, build = row_reader(using, model, model.from_db)
     step, edge = qn(STEP_TABLE), qn(EDGE_TABLE)
     lock = for_update_of(using, STEP_TABLE)
-    rows = cursors.run(
+
+    def read(cursor: Any) -> list[tuple[str, str, Any]]:
+        found = [(row[-2], row[-1], build(row)) for row in cursor.fetchall()]
+        found.sort(key=lambda edge_row: edge_row[2].position)  # stable: the statement's order where it sorted
+        return found
+
+    return cursors.later(
         using,
         f"SELECT {columns}, {edge}.{qn('parent')}, {edge}.{qn('ignore')} FROM {edge} INNER JOIN {step} "
         f"ON {step}.{qn('workflow_id')} = {edge}.{qn('workflow_id')} AND {step}.{qn('name')} = {edge}.{qn('child')} "
@@ -109,21 +116,18 @@ def lock_children(using: str, workflow_id: int, parents: Sequence[str]) -> list[
         + (f" ORDER BY {step}.{qn('position')}" if locks_in_sort_order(using) else "")
         + lock,
         [workflow_id, *parents],
-        _rows,
+        read,
     )
-    found = [(row[-2], row[-1], build(row)) for row in rows]
-    found.sort(key=lambda edge_row: edge_row[2].position)  # stable: the statement's order where it sorted
-    return found
 
 
 def take_pending(using: str, step_ids: Sequence[int], settled: int) -> None:
-    """Take ``settled`` dependencies off the pending count of the (locked) steps ``step_ids``."""
+    """Take ``settled`` dependencies off the pending count of the (locked) steps ``step_ids`` (held back in a
+    `cursors.grouping` block: nothing is read)."""
     qn = connections[using].ops.quote_name
-    cursors.run(
+    cursors.later(
         using,
         f"UPDATE {qn(STEP_TABLE)} SET {qn('pending')} = {qn('pending')} - %s WHERE {qn('id')} IN ({_marks(step_ids)})",
         [settled, *step_ids],
-        _rowcount,
     )
 
 
@@ -147,19 +151,19 @@ def note_enqueued(using: str, state: str, pairs: Sequence[tuple[int, int]]) -> N
     children of a fan-out that was a minute of Python in the parent's ack.
     The ids are written into the text as integers (``int()`` refuses
     anything else): thousands of parameters cost the driver more than the
-    statement costs the server.
+    statement costs the server. Held back in a `cursors.grouping` block:
+    nothing is read.
     """
     qn = connections[using].ops.quote_name
     for start in range(0, len(pairs), 1000):
         chunk = [(int(step), int(message)) for step, message in pairs[start : start + 1000]]
         cases = " ".join(f"WHEN {step} THEN {message}" for step, message in chunk)
-        cursors.run(
+        cursors.later(
             using,
             f"UPDATE {qn(STEP_TABLE)} SET {qn('state')} = %s, {qn('pending')} = 0, "
             f"{qn('message_id')} = CASE {qn('id')} {cases} END "
             f"WHERE {qn('id')} IN ({', '.join(str(step) for step, _ in chunk)})",
             [state],
-            _rowcount,
         )
 
 

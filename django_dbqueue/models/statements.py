@@ -162,7 +162,8 @@ def ack_unlocked(
     worker: str,
     results: Mapping[int, Any],
     errors: Mapping[int, str],
-) -> bool:
+    moved: type[Exception],
+) -> cursors.Later[None]:
     """Archive ``archived`` and delete every message of ``leases`` by the lease guard, with no lock taken first.
 
     For MySQL, MariaDB and SQLite, inside the caller's transaction: the
@@ -171,21 +172,28 @@ def ack_unlocked(
     COMMITTED the copy's read locks nothing, so a lease may be lost between
     the two statements; but a lease that did not hold for the copy cannot
     hold for the delete, so the rows deleted are a subset of those copied,
-    and equal counts mean equal sets. Returns whether every lease held:
-    when not, the caller rolls back and takes the locking path, which tells
-    which ones did.
+    and equal counts mean equal sets. Both are held back (`cursors.later`):
+    the answer raises ``moved`` unless every lease held, and the caller
+    then rolls back and takes the locking path, which tells which ones did.
     """
-    connection = connections[using]
-    qn = connection.ops.quote_name
+    qn = connections[using].ops.quote_name
     guard = _lease_match(using, leases)
-    with connection.cursor() as cursor:
-        if archived:
-            sql, params = _archive_copy_sql(using, archived, "acked", worker, results, errors, MESSAGE_TABLE, guard)
-            cursor.execute(sql, params)
-            if cursor.rowcount != len(archived):
-                return False
-        cursor.execute(f"DELETE FROM {qn(MESSAGE_TABLE)} WHERE {guard[0]}", guard[1])
-        return bool(cursor.rowcount == sum(len(ids) for ids in leases.values()))
+    if archived:
+        sql, params = _archive_copy_sql(using, archived, "acked", worker, results, errors, MESSAGE_TABLE, guard)
+        cursors.later(using, sql, params, _counted(len(archived), moved))
+    expected = sum(len(ids) for ids in leases.values())
+    delete = f"DELETE FROM {qn(MESSAGE_TABLE)} WHERE {guard[0]}"
+    return cursors.later(using, delete, guard[1], _counted(expected, moved))
+
+
+def _counted(expected: int, moved: type[Exception]) -> Callable[[Any], None]:
+    """A statement's answer that raises ``moved`` unless it changed ``expected`` rows."""
+
+    def check(cursor: Any) -> None:
+        if cursor.rowcount != expected:
+            raise moved(f"{cursor.rowcount} rows changed of {expected}")
+
+    return check
 
 
 def delete_locked(using: str, ids: set[int]) -> None:
@@ -207,13 +215,16 @@ def ack_leased(
     worker: str,
     results: Mapping[int, Any],
     errors: Mapping[int, str],
-) -> set[int]:
+    read: Callable[[Any], set[int]] | None = None,
+) -> cursors.Later[set[int]]:
     """PostgreSQL: delete the messages whose lease holds and archive those of ``archived``, in one statement.
 
     ``leases`` maps each lease token to its message ids. The ``DELETE ...
     RETURNING`` feeds the archive's ``INSERT`` in a ``WITH``: the copy is of
     exactly the rows deleted, with no lock taken first and nothing able to
-    slip in between. Returns the ids whose lease held.
+    slip in between. Answers the ids whose lease held (``read`` makes the
+    answer of the cursor: it may refuse it); held back (`cursors.later`)
+    inside a `cursors.grouping` block.
     """
     connection = connections[using]
     qn = connection.ops.quote_name
@@ -224,9 +235,11 @@ def ack_leased(
         copy_sql, copy_params = _archive_copy_sql(using, archived, "acked", worker, results, errors, "gone")
         sql += f", copied AS ({copy_sql}) "
         params += copy_params
-    with connection.cursor() as cursor:
-        cursor.execute(sql + f"SELECT {qn('id')} FROM gone", params)
-        return {row[0] for row in cursor.fetchall()}
+    return cursors.later(using, sql + f"SELECT {qn('id')} FROM gone", params, read or _ids)
+
+
+def _ids(cursor: Any) -> set[int]:
+    return {row[0] for row in cursor.fetchall()}
 
 
 # Columns a producer's INSERT fills; the rest take their database defaults.
@@ -717,17 +730,17 @@ def claim_rows(
     _, build = _message_reader(using)
     if writable_ctes(using):
         sql = _statement(using, "claim", limit, _claim_sql)
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [queue, max_attempts, token, seconds, worker])
-            rows = cursor.fetchall()
+        rows = cursors.run_on(connection, sql, [queue, max_attempts, token, seconds, worker], _all_rows)
         # RETURNING keeps no order: back to the claim's (priority, availability before the claim, id).
         pairs = [(build(row), row[-1]) for row in rows]
         pairs.sort(key=lambda pair: (pair[0].priority, pair[1], pair[0].pk))
         return [message for message, _ in pairs]
-    with connection.cursor() as cursor:
-        cursor.execute(_statement(using, "claim", limit, _claim_sql), [queue, max_attempts])
-        rows = cursor.fetchall()
+    rows = cursors.run_on(connection, _statement(using, "claim", limit, _claim_sql), [queue, max_attempts], _all_rows)
     return lease_rows(using, rows, seconds, token, worker)
+
+
+def _all_rows(cursor: Any) -> list[Any]:
+    return list(cursor.fetchall())
 
 
 def lease_rows(using: str, rows: list[Any], seconds: float, token: str, worker: str) -> list[LiveMessage]:
@@ -744,10 +757,9 @@ def lease_rows(using: str, rows: list[Any], seconds: float, token: str, worker: 
     clock = aware_clock(rows[0][-1])
     until = clock + timedelta(seconds=seconds)
     ids = [row[0] for row in rows]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _statement(using, "lease", len(ids), _lease_sql), [token, adapt(until), adapt(clock), worker, *ids]
-        )
+    # Nothing to read: it goes out with the COMMIT where the transaction is `short_transaction`'s.
+    sql = _statement(using, "lease", len(ids), _lease_sql)
+    cursors.later(using, sql, [token, adapt(until), adapt(clock), worker, *ids])
     messages = [build(row) for row in rows]
     for message in messages:
         message.lease_token = token

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Self
 
@@ -29,6 +29,7 @@ from django.db.models import Count, Exists, OuterRef
 
 from .. import signals
 from ..db.clock import DbNow
+from ..db.cursors import Later
 from ..db.errors import with_retries
 from ..db.sql import insert_returns_ids
 from ..db.stats import analyze_now
@@ -424,15 +425,21 @@ def settle_many(using: str, finished: Sequence[Finished]) -> list[LiveMessage]:
     for entry in finished:
         by_workflow[entry[0][0]].append(entry)
     for workflow_id in sorted(by_workflow):  # one lock order for every batch
-        settled = _mark(using, workflow_id, by_workflow[workflow_id])
+        entries = by_workflow[workflow_id]
+        marked = _mark(using, workflow_id, entries)
+        # The children of every step are read with the steps' UPDATEs, in one round trip where the database
+        # takes several statements (`cursors.grouping`): those of a step that was not settled are left out.
+        children = joins.lock_children(using, workflow_id, sorted({ref[1] for ref, *_ in entries}))
+        settled = marked()
         if settled:
-            released += _propagate(using, workflow_id, settled)
+            released += _propagate(using, workflow_id, settled, children)
     return released
 
 
-def _mark(using: str, workflow_id: int, finished: Sequence[Finished]) -> list[tuple[str, str, str | None]]:
+def _mark(using: str, workflow_id: int, finished: Sequence[Finished]) -> Callable[[], list[tuple[str, str, None]]]:
     """Set the finished steps' outcome, result and reason (only steps still enqueued as these messages);
-    returns (name, outcome, None) of each step this call settled."""
+    returns what answers (name, outcome, None) of each step this call settled, once the UPDATEs have run
+    (they are held back in a `cursors.grouping` block)."""
     plain: dict[tuple[str, str], list[Finished]] = defaultdict(list)  # no result kept: one UPDATE per outcome
     own: list[tuple[Finished, Any, str]] = []
     for entry in finished:
@@ -443,27 +450,38 @@ def _mark(using: str, workflow_id: int, finished: Sequence[Finished]) -> list[tu
             plain[(outcome, text)].append(entry)
         else:
             own.append((entry, kept, why))
-    settled: list[tuple[str, str, str | None]] = []
+    groups = []
     for (outcome, text), entries in plain.items():
         pairs = [(ref[1], message_id) for ref, message_id, *_ in entries]
         changed = joins.finish_steps(using, StepState.ENQUEUED, workflow_id, pairs, outcome, text)
-        if changed != len(entries):  # some step is no longer enqueued as this message, or its rows are gone
-            done = set(
-                WorkflowStep.objects.using(using)
-                .filter(workflow_id=workflow_id, message_id__in=[m for _, m in pairs], state=outcome)
-                .values_list("name", "message_id")
-            )
-            entries = [e for e in entries if (e[0][1], e[1]) in done or _orphan(using, e)]
-        settled.extend((ref[1], outcome, None) for ref, _, _, _, _ in entries)
-    for (ref, message_id, outcome, _, reason), kept, why in own:
+        groups.append((outcome, entries, changed))
+    singles = []
+    for entry, kept, why in own:
+        (ref, message_id, outcome, _, reason) = entry
         text = storable_text(reason)[:4000] if outcome != Outcome.ACKED else ""
-        if (
-            joins.finish_steps(using, StepState.ENQUEUED, workflow_id, [(ref[1], message_id)], outcome, text, kept, why)
-            == 1
-        ):
-            settled.append((ref[1], outcome, None))
-        else:
-            _orphan(using, (ref, message_id, outcome, None, reason))
+        pair = [(ref[1], message_id)]
+        changed = joins.finish_steps(using, StepState.ENQUEUED, workflow_id, pair, outcome, text, kept, why)
+        singles.append((entry, changed))
+
+    def settled() -> list[tuple[str, str, None]]:
+        names: list[tuple[str, str, None]] = []
+        for outcome, entries, changed in groups:
+            if changed.get() != len(entries):  # some step is no longer enqueued as this message, or its rows are gone
+                ids = [message_id for _, message_id, *_ in entries]
+                done = set(
+                    WorkflowStep.objects.using(using)
+                    .filter(workflow_id=workflow_id, message_id__in=ids, state=outcome)
+                    .values_list("name", "message_id")
+                )
+                entries = [e for e in entries if (e[0][1], e[1]) in done or _orphan(using, e)]
+            names.extend((ref[1], outcome, None) for ref, _, _, _, _ in entries)
+        for (ref, message_id, outcome, _, reason), changed in singles:
+            if changed.get() == 1:
+                names.append((ref[1], outcome, None))
+            else:
+                _orphan(using, (ref, message_id, outcome, None, reason))
+        return names
+
     return settled
 
 
@@ -480,7 +498,12 @@ def _orphan(using: str, entry: Finished) -> bool:
     return False
 
 
-def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str | None]]) -> list[LiveMessage]:
+def _propagate(
+    using: str,
+    workflow_id: int,
+    settled: Sequence[tuple[str, str, str | None]],
+    first: Later[list[tuple[str, str, WorkflowStep]]] | None = None,
+) -> list[LiveMessage]:
     """Decrement the children of the settled steps, enqueue those at zero, cancel those a failure dooms.
 
     In waves: the edges of the steps settled in a wave are read with
@@ -489,20 +512,26 @@ def _propagate(using: str, workflow_id: int, settled: list[tuple[str, str, str |
     number of its parents among them (a fan-in child of ten parents acked
     together loses ten at once, in one UPDATE); the steps a failure cancels
     make the next wave. A child that one parent lets go and another dooms
-    in the same wave is doomed, as it would be in any order. Returns the
-    messages enqueued for the steps made ready.
+    in the same wave is doomed, as it would be in any order. ``first``:
+    the first wave's edges, already read (with more parents, perhaps: those
+    not settled are left out). Returns the messages enqueued for the steps
+    made ready.
     """
     released: list[LiveMessage] = []
     closed = len(settled)
     failed = sum(1 for _, outcome, _ in settled if outcome != Outcome.ACKED)
-    wave = settled
+    wave = list(settled)
     while wave:
         outcomes = {name: (outcome, cause) for name, outcome, cause in wave}
         stop: dict[str, tuple[str, str]] = {}  # child -> (origin, reason)
         go: dict[str, int] = defaultdict(int)
         locked: dict[str, WorkflowStep] = {}  # in position order
         # By the (workflow, parent) index: a fan-in child's other edges are never read.
-        for parent, ignore, step in joins.lock_children(using, workflow_id, sorted(outcomes)):
+        edges = (first or joins.lock_children(using, workflow_id, sorted(outcomes))).get()
+        first = None
+        for parent, ignore, step in edges:
+            if parent not in outcomes:  # read with the first wave, but not settled by it
+                continue
             child = locked.setdefault(step.name, step).name
             outcome, cause = outcomes[parent]
             if outcome == Outcome.ACKED or outcome in ignore.split(","):
