@@ -51,8 +51,8 @@ def finish_steps(
     note: str = "",
 ) -> cursors.Later[int]:
     """Set workflow ``workflow_id``'s ``steps`` (name, message id) that are in ``state`` as those messages to
-    ``outcome``, with ``reason``, ``result`` (kept: a JSON value, or None for SQL NULL) and its ``note``; the
-    rows changed. A step in another state is left.
+    ``outcome``, with ``reason``, ``result`` (kept: a JSON value, or None for SQL NULL) and its ``note``;
+    answers the rows changed (held back in a `cursors.grouping` block). A step in another state is left.
 
     Found by the (state, message id) index: a planner left to choose may intersect the workflow's steps
     with every enqueued one. Each row must then be the step its message names: a step whose waiting
