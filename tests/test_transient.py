@@ -96,6 +96,26 @@ def test_a_galera_node_without_quorum_is_retried_on_a_new_connection():
     assert connection.connection is not first  # the node's connection was closed, a new one made
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_galera_node_losing_quorum_under_a_write_is_weather_as_1047():
+    """A write or COMMIT on a node that has just lost quorum fails with 1180 naming the Primary Component (seen
+    in tests/test_galera.py's partition); nothing was replicated. Any other 1180 stays an error."""
+    if connection.vendor != "mysql":
+        pytest.skip("MariaDB Galera's errors")
+    import MySQLdb
+
+    lost = as_django_error(
+        MySQLdb.OperationalError(
+            1180,
+            "Error while appending streaming replication fragment(provider status: Not connected to Primary Component)",
+        )
+    )
+    assert errors.is_transient(lost, "default") and errors.wrong_node(lost, "default")
+    assert not errors.outcome_unknown(lost, "default")
+    other = as_django_error(MySQLdb.OperationalError(1180, "Got error 5 during COMMIT"))
+    assert not errors.is_transient(other, "default")
+
+
 def postgres_only():
     if connection.vendor != "postgresql":
         pytest.skip("the errors of a PostgreSQL failover")

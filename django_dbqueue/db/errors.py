@@ -66,8 +66,18 @@ DATABASE_TROUBLE = (DatabaseError, InterfaceError)
 
 
 def mysql_code(cause: BaseException) -> int | None:
-    """The MySQL/MariaDB error number a driver error carries (its first argument), if any."""
-    return cause.args[0] if cause.args and isinstance(cause.args[0], int) else None
+    """The MySQL/MariaDB error number a driver error carries (its first argument), if any.
+
+    A Galera node that loses the cluster's quorum while a transaction writes
+    fails the write or its COMMIT with 1180 ("... Not connected to Primary
+    Component"): nothing was replicated, and the node refuses everything
+    after with 1047. Counted as 1047, which it is in all but its number; any
+    other 1180 (an engine's error during COMMIT) keeps its own.
+    """
+    code = cause.args[0] if cause.args and isinstance(cause.args[0], int) else None
+    if code == 1180 and "Primary Component" in str(cause.args[-1]):
+        return 1047
+    return code
 
 
 def is_transient(exc: BaseException, using: str) -> bool:
