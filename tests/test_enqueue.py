@@ -1,13 +1,14 @@
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 import django_dbqueue
+from django_dbqueue.db import errors
 from django_dbqueue.db.clock import db_now
 from django_dbqueue.exceptions import PayloadNotSerializable
-from django_dbqueue.models import Message
+from django_dbqueue.models import Message, inserting
 from django_dbqueue.models.messages import build_message
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -176,6 +177,69 @@ def test_rows_of_one_insert_keep_the_values_they_do_not_share():
         "q-c": ({"same": 1}, 5, ""),
     }
     assert stored["q-c"].available_at - stored["q-a"].available_at == timedelta(seconds=3600)
+
+
+def test_built_messages_are_written_in_the_order_given_keyed_or_not():
+    """A FIFO group runs by id, and of two messages with one key the first takes it: the ids follow the order
+    given, whichever messages carry a key, a key with a rule, or none (docs/workflows.md, "Keyed steps")."""
+    pending = [
+        build_message("in-order", {"n": 0}, {"key": "a", "group": "g"}),
+        build_message("in-order", {"n": 1}, {"group": "g"}),
+        build_message("in-order", {"n": 2}, {"key": "b", "unique": 60, "group": "g"}),
+        build_message("in-order", {"n": 3}, {"key": "a", "group": "g"}),
+        build_message("in-order", {"n": 4}, {"group": "g"}),
+    ]
+    result = Message.objects.insert_built(pending)
+    assert [m.payload["n"] for m in Message.objects.order_by("id")] == [0, 1, 2, 4]
+    assert [m.was_created for m in result] == [True, True, True, False, True]
+    # The second message with key "a" is the first one's row, as a message of its own.
+    assert result[3] is not result[0] and (result[3].pk, result[3].payload) == (result[0].pk, {"n": 0})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retried_batch_starts_again_from_the_messages_as_built(monkeypatch):
+    """Fault: a batch's try ran into a live key (its message became the live one), then hit a deadlock and
+    rolled back, and the live one finished before the retry. The retry writes the message as it was built:
+    its own payload in a new row, not a copy of the finished message with its id and lease."""
+    live = django_dbqueue.enqueue("retry-built", {"who": "other"}, key="k")
+    [running] = django_dbqueue.claim("retry-built")
+    pending = [build_message("retry-built", {"who": "mine"}, {"key": "k"}), build_message("retry-built", {}, {})]
+    real, tries = inserting.insert_messages, []
+
+    def deadlocked_once(*args, **kwargs):
+        tries.append(1)
+        if len(tries) == 1:  # the second run of the batch, after the keyed one adopted the live message
+            raise deadlock(connection.vendor)
+        return real(*args, **kwargs)
+
+    def finish_in_between(attempt):
+        assert running.ack() is True
+        return 0
+
+    monkeypatch.setattr(inserting, "insert_messages", deadlocked_once)
+    monkeypatch.setattr(errors, "backoff", finish_in_between)
+    result = Message.objects.insert_built(pending)
+    assert len(tries) == 2
+    mine = Message.objects.get(key="k")
+    assert (mine.payload, mine.lease_token, mine.attempts) == ({"who": "mine"}, None, 0) and mine.pk != live.pk
+    assert (result[0].pk, result[0].was_created) == (mine.pk, True)
+
+
+def deadlock(vendor: str) -> OperationalError:
+    """A deadlock as each driver raises it, which the queue takes for weather and retries (nothing landed)."""
+    if vendor == "mysql":
+        import MySQLdb
+
+        error = OperationalError(1213, "Deadlock found when trying to get lock (injected)")
+        error.__cause__ = MySQLdb.OperationalError(1213, "Deadlock found when trying to get lock (injected)")
+    elif vendor == "postgresql":
+        import psycopg
+
+        error = OperationalError("deadlock detected (injected)")
+        error.__cause__ = psycopg.errors.DeadlockDetected("deadlock detected (injected)")
+    else:
+        error = OperationalError("database is locked (injected)")
+    return error
 
 
 def test_enqueue_many_with_delay():

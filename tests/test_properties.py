@@ -56,6 +56,7 @@ from django_dbqueue.exceptions import NotClaimed
 from django_dbqueue.models import ArchivedMessage, FlowGroup, Message, RateSlot, UniqueWindow, flow
 from django_dbqueue.models.timetravel import shift_back
 from django_dbqueue.reaper import Reaper
+from tests.support.doc_models import Rules, claimable
 from tests.support.machines import Profiles, run_machine
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -114,33 +115,6 @@ class Model:
 
 
 @dataclass
-class Rules:
-    """A queue's flow-control rules, read from its settings."""
-
-    group_limit: int | None
-    kind_limits: dict[str, int]
-    ordered: bool
-    rate: tuple[int, int, bool] | None  # (count, period seconds, per group)
-
-    @classmethod
-    def of(cls, queue: str) -> Rules:
-        options = queue_options(queue)
-        rate = options.rate_limit
-        return cls(
-            options.group_concurrency,
-            dict(options.kind_group_concurrency),
-            options.ordered,
-            None if rate is None else (rate.count, int(rate.seconds), rate.per_group),
-        )
-
-    def limit_of(self, kind: str) -> tuple[str, int | None]:
-        """The class of ``kind`` within a group (its own, or the others') and that class's limit."""
-        if kind in self.kind_limits:
-            return kind, self.kind_limits[kind]
-        return "", self.group_limit
-
-
-@dataclass
 class World:
     """The model of the whole queue: live messages, outcomes, claims made, unique windows, the clock."""
 
@@ -157,56 +131,17 @@ class World:
         """What a claim of ``limit`` may take now: the greedy pick in claim order, and every eligible id."""
         rules = Rules.of(queue)
         now = self.now
-        mine = [m for m in self.live.values() if m.queue == queue]
-        heads: dict[str, int] = {}
-        running: dict[tuple[str, str], int] = {}
-        for m in mine:
-            if m.group is not None:
-                heads[m.group] = min(heads.get(m.group, m.id), m.id)
-                if m.in_flight(now):
-                    cls = rules.limit_of(m.kind)[0]
-                    running[(m.group, cls)] = running.get((m.group, cls), 0) + 1
-        budget: dict[str, int] = {}
-
-        def budget_of(gk: str) -> int:
-            if gk not in budget:
-                assert rules.rate is not None
-                count, period, _ = rules.rate
-                used = [t for t in self.claims.get((queue, gk), []) if t > now - period]
-                budget[gk] = count - len(used)
-            return budget[gk]
-
-        def fits(m: Model, taken: dict[tuple[str, str], int], spent: dict[str, int]) -> bool:
-            if rules.ordered and m.group is not None and heads[m.group] != m.id:
-                return False
-            if m.group is not None:
-                cls, lim = rules.limit_of(m.kind)
-                if lim is not None and running.get((m.group, cls), 0) + taken.get((m.group, cls), 0) >= lim:
-                    return False
-            if rules.rate is not None:
-                gk = (m.group or "") if rules.rate[2] else ""
-                if budget_of(gk) - spent.get(gk, 0) <= 0:
-                    return False
-            return True
-
-        candidates = sorted((m for m in mine if m.ready(now) and not m.exhausted()), key=Model.claim_order)
-        allowed = {m.id for m in candidates if fits(m, {}, {})}
-        picks: list[Model] = []
-        taken: dict[tuple[str, str], int] = {}
-        spent: dict[str, int] = {}
-        for m in candidates:
-            if len(picks) == limit:
-                break
-            if not fits(m, taken, spent):
-                continue
-            picks.append(m)
-            if m.group is not None:
-                cls = rules.limit_of(m.kind)[0]
-                taken[(m.group, cls)] = taken.get((m.group, cls), 0) + 1
-            if rules.rate is not None:
-                gk = (m.group or "") if rules.rate[2] else ""
-                spent[gk] = spent.get(gk, 0) + 1
-        return picks, allowed
+        period = rules.rate[1] if rules.rate is not None else 0
+        return claimable(
+            rules,
+            [m for m in self.live.values() if m.queue == queue],
+            limit,
+            ready=lambda m: m.ready(now) and not m.exhausted(),
+            in_flight=lambda m: m.in_flight(now),
+            claim_order=Model.claim_order,
+            fifo_order=lambda m: m.id,
+            used=lambda scope: sum(1 for t in self.claims.get((queue, scope), []) if t > now - period),
+        )
 
 
 # What each live message must match in its row, besides its state.

@@ -24,9 +24,10 @@ the database must hold:
   exactly the messages the model says (none run twice, none lost);
 - a group's messages queued in the order they were enqueued;
 - a claim takes only what the rules let through now (delays, FIFO heads,
-  group and kind limits, rate budgets), as many as they let through, and
-  the first of them (less where the strict xfails at the end pin down a
-  disagreement between the code and the docs).
+  group and kind limits, rate budgets, and of the messages set aside, only
+  those a claim brings back), as many as they let through, and the first
+  of them. The tests at the end pin down the disagreements with the docs
+  that this machine found, each fixed since.
 
 Time is the model's, in whole ``TICK`` s, as in tests/test_properties.py:
 an advance moves the live messages, the unique windows and the rate slots
@@ -68,6 +69,7 @@ from django_dbqueue.models import (
 )
 from django_dbqueue.models.timetravel import shift_back
 from django_dbqueue.reaper import Reaper
+from tests.support.doc_models import Rules, RunModel, Settled, claimable, doom, propagate, settle_runs
 from tests.support.machines import Profiles, run_machine
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -157,30 +159,13 @@ def specs(draw, keys=step_keys) -> Spec:
 @st.composite
 def graphs(draw, queues: list[str]):
     """Steps ``s0``..``sN`` declared in dependency order, each after a random set of earlier ones (each edge
-    with a policy), on one of ``queues``, with its enqueue options. A step that would meet an earlier one (one
-    queue, and one group or one key) which the join writes after it loses its key and group: the join does not
-    write in declaration order (XFAIL_DECLARATION_ORDER)."""
+    with a policy), on one of ``queues``, with its enqueue options."""
     size = draw(st.integers(min_value=1, max_value=4))
     steps = []
     for i in range(size):
         parents = {f"s{j}": draw(st.sampled_from(POLICIES)) for j in range(i) if draw(st.booleans())}
-        queue, spec = draw(st.sampled_from(queues)), draw(specs())
-        if any(rank(spec) < rank(other) and meet(queue, spec, q, other) for _, q, _, other in steps):
-            spec = Spec(kind=spec.kind, timing=spec.timing, at=spec.at)
-        steps.append((f"s{i}", queue, parents, spec))
+        steps.append((f"s{i}", draw(st.sampled_from(queues)), parents, draw(specs())))
     return steps
-
-
-def rank(spec: Spec) -> int:
-    """The order in which the join writes one wave's messages: unkeyed, then keys with rules, then plain keys."""
-    return 0 if spec.key is None else 2 if spec.rule == "live" else 1
-
-
-def meet(queue: str, spec: Spec, other_queue: str, other: Spec) -> bool:
-    """Whether two steps' messages meet: one queue, and one group or one key."""
-    return queue == other_queue and (
-        (spec.group is not None and spec.group == other.group) or (spec.key is not None and spec.key == other.key)
-    )
 
 
 # --- the model ----------------------------------------------------------------------------------
@@ -233,55 +218,9 @@ class StepModel:
     msg: Msg | None = None
 
 
-@dataclass
-class RunModel:
-    id: int
-    steps: dict[str, StepModel]
-    open: int
-    failed: int = 0
-    cancelled: bool = False
-
-    def state(self) -> str:
-        return "finished" if self.open == 0 else "running"
-
-    def outcome(self) -> str:
-        if self.cancelled:
-            return "cancelled"
-        if self.open:
-            return ""
-        return "failed" if self.failed else "succeeded"
-
-
-@dataclass
-class Rules:
-    """A queue's flow rules, read from its settings."""
-
-    group_limit: int | None
-    kind_limits: dict[str, int]
-    ordered: bool
-    rate: tuple[int, int, bool] | None  # (count, period seconds, per group)
-
-    @classmethod
-    def of(cls, queue: str) -> Rules:
-        options = queue_options(queue)
-        rate = options.rate_limit
-        return cls(
-            options.group_concurrency,
-            dict(options.kind_group_concurrency),
-            options.ordered,
-            None if rate is None else (rate.count, int(rate.seconds), rate.per_group),
-        )
-
-    def limit_of(self, kind: str) -> tuple[str, int | None]:
-        if kind in self.kind_limits:
-            return kind, self.kind_limits[kind]
-        return "", self.group_limit
-
-
-def doom(parent: str, outcome: str, cause: str | None) -> tuple[str, str]:
-    """(origin, reason) of a step that ``parent``'s end cancels (docs/workflows.md, "Policies")."""
-    origin = cause or parent
-    return origin, f"dependency {origin!r} ended {outcome if origin == parent else 'cancelled'}"
+def cancel_doomed(step: StepModel, origin: str, reason: str) -> None:
+    """A step its dependency's end cancels: its reason names ``origin``, read back from the database."""
+    step.state, step.cause, step.why = "cancelled", origin, ("doomed", None)
 
 
 def backoff(attempts: int) -> int:
@@ -391,40 +330,9 @@ class ComposeMachine(RuleBasedStateMachine):
                 enqueued.append(step)
         return refused, enqueued
 
-    def propagate(self, run: RunModel, wave: list[tuple[str, str, str | None]]) -> list[StepModel]:
+    def propagate(self, run: RunModel, wave: list[Settled]) -> list[StepModel]:
         """Decide the children of the steps settled in ``wave``, wave after wave; returns those enqueued."""
-        released: list[StepModel] = []
-        while wave:
-            outcomes = {name: (outcome, cause) for name, outcome, cause in wave}
-            go: dict[str, int] = {}
-            stop: dict[str, tuple[str, str]] = {}
-            for parent in sorted(outcomes):
-                outcome, cause = outcomes[parent]
-                for child in run.steps[parent].children:
-                    if outcome == "acked" or outcome in run.steps[child].parents[parent]:
-                        go[child] = go.get(child, 0) + 1
-                    else:
-                        stop[child] = min(stop.get(child, doom(parent, outcome, cause)), doom(parent, outcome, cause))
-            ready = []
-            for name, n in go.items():
-                child = run.steps[name]
-                if name in stop or child.state != "waiting":
-                    continue
-                child.pending -= n
-                assert child.pending >= 0
-                if child.pending == 0:
-                    ready.append(child)
-            refused, enqueued = self.release(run, ready)
-            released += enqueued
-            wave = [(step.name, "cancelled", None) for step in refused]
-            for name, (origin, _) in sorted(stop.items()):
-                child = run.steps[name]
-                if child.state == "waiting":
-                    child.state, child.cause, child.why = "cancelled", origin, ("doomed", None)
-                    wave.append((name, "cancelled", origin))
-            run.open -= len(wave)
-            run.failed += len(wave)
-        return released
+        return propagate(run, wave, self.release, cancel_doomed)
 
     def settle(self, finished: list[tuple[Msg, str]]) -> list[StepModel]:
         """Messages finished (with their outcomes) in one transaction: each leaves the live table, and the
@@ -442,13 +350,7 @@ class ComposeMachine(RuleBasedStateMachine):
             assert step.state == "enqueued" and step.msg is msg, f"message {msg.id} runs {step}"
             step.state = outcome
             by_run.setdefault(run.id, []).append((step.name, outcome, None))
-        released: list[StepModel] = []
-        for run_id in sorted(by_run):
-            run, wave = self.runs[run_id], by_run[run_id]
-            run.open -= len(wave)
-            run.failed += sum(1 for _, outcome, _ in wave if outcome != "acked")
-            released += self.propagate(run, wave)
-        return released
+        return settle_runs(self.runs, by_run, self.propagate)
 
     def displaced(self) -> list[tuple[RunModel, StepModel]]:
         """Enqueued steps whose message left the live table without settling them: it ran as another's, or a
@@ -510,77 +412,38 @@ class ComposeMachine(RuleBasedStateMachine):
 
     # --- what a claim may take (docs/flow-control.md) ---
 
-    def eligible(self, queue: str, limit: int) -> tuple[list[Msg], set[int]]:
-        """The greedy pick of ``limit`` in claim order under the queue's rules, and every id a rule lets through."""
+    def eligible(self, queue: str, limit: int, aside: frozenset[int] = frozenset()) -> tuple[list[Msg], set[int]]:
+        """The greedy pick of ``limit`` in claim order under the queue's rules, and every id a rule lets through
+        (`claimable`; ``aside``: the messages set aside before the claim)."""
         rules = Rules.of(queue)
-        mine = [m for m in self.live if m.queue == queue]
-        heads: dict[str, int] = {}
-        running: dict[tuple[str, str], int] = {}
-        for m in mine:
-            if m.group is not None:
-                heads[m.group] = min(heads.get(m.group, m.order), m.order)
-                if m.in_flight():
-                    cls = rules.limit_of(m.kind)[0]
-                    running[(m.group, cls)] = running.get((m.group, cls), 0) + 1
-        budget: dict[str, int] = {}
+        rate_period = rules.rate[1] if rules.rate is not None else 0
+        return claimable(
+            rules,
+            [m for m in self.live if m.queue == queue],
+            limit,
+            ready=lambda m: m.state(self.now) == "ready",
+            in_flight=Msg.in_flight,
+            claim_order=lambda m: (m.available, m.id or 0),
+            fifo_order=lambda m: m.order,
+            used=lambda scope: sum(1 for t in self.claims.get((queue, scope), []) if t > self.now - rate_period),
+            aside=aside,
+        )
 
-        def scope(m: Msg) -> str:
-            assert rules.rate is not None
-            return (m.group or "") if rules.rate[2] else ""
-
-        def budget_of(gk: str) -> int:
-            if gk not in budget:
-                assert rules.rate is not None
-                count, period, _ = rules.rate
-                budget[gk] = count - sum(1 for t in self.claims.get((queue, gk), []) if t > self.now - period)
-            return budget[gk]
-
-        def fits(m: Msg, taken: dict[tuple[str, str], int], spent: dict[str, int]) -> bool:
-            if rules.ordered and m.group is not None and heads[m.group] != m.order:
-                return False
-            if m.group is not None:
-                cls, lim = rules.limit_of(m.kind)
-                if lim is not None and running.get((m.group, cls), 0) + taken.get((m.group, cls), 0) >= lim:
-                    return False
-            return rules.rate is None or budget_of(scope(m)) - spent.get(scope(m), 0) > 0
-
-        candidates = sorted((m for m in mine if m.state(self.now) == "ready"), key=lambda m: (m.available, m.id or 0))
-        allowed = {m.id for m in candidates if fits(m, {}, {})}
-        picks: list[Msg] = []
-        taken: dict[tuple[str, str], int] = {}
-        spent: dict[str, int] = {}
-        for m in candidates:
-            if len(picks) == limit:
-                break
-            if not fits(m, taken, spent):
-                continue
-            picks.append(m)
-            if m.group is not None:
-                cls = rules.limit_of(m.kind)[0]
-                taken[(m.group, cls)] = taken.get((m.group, cls), 0) + 1
-            if rules.rate is not None:
-                spent[scope(m)] = spent.get(scope(m), 0) + 1
-        return picks, allowed
-
-    def check_claim(self, queue: str, limit: int, claimed: list[Message], what: str, aside: bool = False) -> None:
-        """``aside``: the queue held set-aside messages of two kinds' limits in one group before the claim, which
-        may then take fewer, or others (test_set_aside_messages_of_two_kinds_of_one_group_come_back_together)."""
-        picks, allowed = self.eligible(queue, limit)
+    def check_claim(
+        self, queue: str, limit: int, claimed: list[Message], what: str, aside: frozenset[int] = frozenset()
+    ) -> None:
+        """``aside``: the ids of the queue's messages set aside before the claim (`eligible`)."""
+        picks, allowed = self.eligible(queue, limit, aside)
         got = [m.pk for m in claimed]
         assert set(got) <= allowed, f"{what} took {got}; only {sorted(allowed)} may run now"
         assert len(got) == len(set(got)) <= limit
-        rules = Rules.of(queue)
-        if aside:
-            pass
-        elif rules.rate is not None and rules.rate[2]:  # test_a_claim_on_a_per_group_rate_queue_takes_every_...
-            assert bool(got) == bool(picks), f"{what} took {got}; the rules let {[m.id for m in picks]} go"
-        else:
-            assert len(got) == len(picks), f"{what} took {got}; the rules let {[m.id for m in picks]} go"
+        assert len(got) == len(picks), f"{what} took {got}; the rules let {[m.id for m in picks]} go"
         # The first in claim order, or one due at the same model time: on SQLite two writes in one millisecond
-        # have one time, and the join writes a wave's unkeyed messages before its keyed ones (XFAIL_DECLARATION_ORDER).
+        # have one time.
         first = picks[0].available[0] if picks else None
         level = {m.id for m in self.live if m.id in allowed and m.available[0] == first}
-        assert aside or not picks or level & set(got), f"{what} took {got}, not the first eligible {picks[0].id}"
+        assert not picks or level & set(got), f"{what} took {got}, not the first eligible {picks[0].id}"
+        rules = Rules.of(queue)
         for message in claimed:
             m = self.ids[message.pk]
             m.attempts += 1
@@ -653,12 +516,9 @@ class ComposeMachine(RuleBasedStateMachine):
     def claim(self, data):
         queue = data.draw(st.sampled_from(self.queues), label="queue")
         limit = data.draw(st.sampled_from([1, 2, 3]), label="limit")
-        rules = Rules.of(queue)
-        aside = Message.objects.filter(queue=queue, held_priority__isnull=False).values_list("group", "kind")
-        classes = {(group, rules.limit_of(kind)[0]) for group, kind in aside} if rules.kind_limits else set()
+        aside = frozenset(Message.objects.filter(queue=queue, held_priority__isnull=False).values_list("pk", flat=True))
         claimed = django_dbqueue.claim(queue, limit, worker=WORKER, visibility_timeout=LEASE)
-        mixed = len(classes) > len({group for group, _ in classes})
-        self.check_claim(queue, limit, claimed, f"claim({queue!r}, {limit})", aside=mixed)
+        self.check_claim(queue, limit, claimed, f"claim({queue!r}, {limit})", aside)
 
     def take(self, index: int) -> tuple[Message, Msg]:
         handle = self.handles.pop(index % len(self.handles))
@@ -915,18 +775,9 @@ def test_a_steps_delay_counts_from_when_it_is_ready_and_its_run_at_is_kept(compo
     }
 
 
-# --- disagreements with the docs, found by the machine above (strict: each must fail until fixed) -------------
-
-XFAIL_DECLARATION_ORDER = (
-    "the join writes the messages of steps ready together unkeyed first, then those whose key has a rule "
-    "(unique, debounce), then plain keys (models/inserting.py `_insert_many`), not in declaration order as "
-    "docs/workflows.md says ('Flow control': steps that become ready in one transaction are enqueued in "
-    "declaration order; 'Keyed steps': of two steps with one key, the first declared takes it). The machine "
-    "above declares no such pair (`graphs`)."
-)
+# --- disagreements with the docs that the machine above found, each fixed ------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=XFAIL_DECLARATION_ORDER)
 def test_root_steps_of_one_fifo_group_run_in_declaration_order(compose_queues):
     workflow = Workflow("ledger")
     workflow.add("first", "wc-fifo", {}, key="entry:1", group="acct")
@@ -936,7 +787,6 @@ def test_root_steps_of_one_fifo_group_run_in_declaration_order(compose_queues):
     assert head.headers["dbqueue_step"][1] == "first"
 
 
-@pytest.mark.xfail(strict=True, reason=XFAIL_DECLARATION_ORDER)
 def test_of_two_root_steps_with_one_key_the_first_declared_takes_it(compose_queues):
     workflow = Workflow("twins")
     workflow.add("first", "wc-plain", {}, key="k")
@@ -951,14 +801,6 @@ def test_of_two_root_steps_with_one_key_the_first_declared_takes_it(compose_queu
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a claim brings back a group's set-aside messages only as many as GROUP_CONCURRENCY, oldest first, "
-    "though a kind with a limit of its own (KIND_GROUP_CONCURRENCY) may run beside them: the other kind's "
-    "eligible message stays set aside and is not claimed; docs/flow-control.md ('Held-back messages are set "
-    "aside': brought back 'as many as the group may run at once', and 'set aside and brought back, it runs "
-    "when it would have'). The machine above asks less of a claim after such a set-aside.",
-)
 def test_set_aside_messages_of_two_kinds_of_one_group_come_back_together(compose_queues):
     # wc-groups: GROUP_CONCURRENCY 1, and 1 for the kind "solo": one message of each may run in a group at once.
     django_dbqueue.enqueue("wc-groups", {"n": "a"}, group="g1")
@@ -973,13 +815,6 @@ def test_set_aside_messages_of_two_kinds_of_one_group_come_back_together(compose
     assert sorted(m.payload["n"] for m in claimed) == ["b", "u"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="on a 'per group' rate queue a claim of N whose first candidates share one scope takes only that "
-    "scope's budget, though another scope has budget and the window is far from full; docs/flow-control.md "
-    "('Rate limits': one busy group does not hold the others back; 'Combining rules': fewer than N only "
-    "when a group fills the window). The machine above asks such claims for at least one message only.",
-)
 def test_a_claim_on_a_per_group_rate_queue_takes_every_scope_with_budget(compose_queues):
     first = django_dbqueue.enqueue("wc-rate-group", {"n": 1})
     django_dbqueue.enqueue("wc-rate-group", {"n": 2})  # no group, as the first: one budget of 1 a minute

@@ -45,6 +45,7 @@ from django_dbqueue.models import (
     WorkflowRun,
     WorkflowStep,
 )
+from tests.support.doc_models import RunModel, Settled, doom, propagate, settle_runs
 from tests.support.machines import Profiles, run_machine
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,30 +85,9 @@ class StepModel:
     holder: StepModel | None = None  # the step whose live message held its key when it became ready
 
 
-@dataclass
-class RunModel:
-    id: int
-    steps: dict[str, StepModel]  # in dependency order: a step's parents come before it
-    positions: dict[str, int]  # the order the steps were declared in
-    open: int
-    failed: int = 0
-    cancelled: bool = False
-
-    def state(self) -> str:
-        return "finished" if self.open == 0 else "running"
-
-    def outcome(self) -> str:
-        if self.cancelled:
-            return "cancelled"
-        if self.open:
-            return ""
-        return "failed" if self.failed else "succeeded"
-
-
-def doom(parent: str, outcome: str, cause: str | None) -> tuple[str, str]:
-    """(origin, reason) of a step that ``parent``'s end cancels (docs/workflows.md, "Policies")."""
-    origin = cause or parent
-    return origin, f"dependency {origin!r} ended {outcome if origin == parent else 'cancelled'}"
+def cancel_doomed(step: StepModel, origin: str, reason: str) -> None:
+    """A step its dependency's end cancels, with the reason the docs give."""
+    step.state, step.cause, step.reason = "cancelled", origin, reason
 
 
 # Keys that differ only in case are two keys (docs/design.md, decision 9).
@@ -167,13 +147,7 @@ class WorkflowMachine(RuleBasedStateMachine):
         for run, step, outcome in ended:
             step.state = outcome
             by_run.setdefault(run.id, []).append((step.name, outcome, None))
-        released: list[StepModel] = []
-        for run_id in sorted(by_run):
-            run, wave = self.runs[run_id], by_run[run_id]
-            run.open -= len(wave)
-            run.failed += sum(1 for _, outcome, _ in wave if outcome != "acked")
-            released += self.propagate(run, wave)
-        return released
+        return settle_runs(self.runs, by_run, self.propagate)
 
     def release(self, run: RunModel, ready: list[StepModel]) -> tuple[list[StepModel], list[StepModel]]:
         """Enqueue ``ready`` steps in position order: a keyed one whose key a live message holds (one
@@ -196,40 +170,9 @@ class WorkflowMachine(RuleBasedStateMachine):
                     return step
         return None
 
-    def propagate(self, run: RunModel, wave: list[tuple[str, str, str | None]]) -> list[StepModel]:
+    def propagate(self, run: RunModel, wave: list[Settled]) -> list[StepModel]:
         """Decide the children of the steps settled in ``wave``, wave after wave; returns those enqueued."""
-        released: list[StepModel] = []
-        while wave:
-            outcomes = {name: (outcome, cause) for name, outcome, cause in wave}
-            go: dict[str, int] = {}
-            stop: dict[str, tuple[str, str]] = {}
-            for parent in sorted(outcomes):
-                outcome, cause = outcomes[parent]
-                for child in run.steps[parent].children:
-                    if outcome == "acked" or outcome in run.steps[child].parents[parent]:
-                        go[child] = go.get(child, 0) + 1
-                    else:
-                        stop[child] = min(stop.get(child, doom(parent, outcome, cause)), doom(parent, outcome, cause))
-            ready = []
-            for name, n in go.items():
-                child = run.steps[name]
-                if name in stop or child.state != "waiting":
-                    continue
-                child.pending -= n
-                assert child.pending >= 0
-                if child.pending == 0:
-                    ready.append(child)
-            refused, enqueued = self.release(run, ready)
-            released += enqueued
-            wave = [(step.name, "cancelled", None) for step in refused]
-            for name, (origin, reason) in sorted(stop.items()):
-                child = run.steps[name]
-                if child.state == "waiting":
-                    child.state, child.cause, child.reason = "cancelled", origin, reason
-                    wave.append((name, "cancelled", origin))
-            run.open -= len(wave)
-            run.failed += len(wave)
-        return released
+        return propagate(run, wave, self.release, cancel_doomed)
 
     def learn_ids(self) -> None:
         """The message ids of steps the model enqueued, read from their rows (the model cannot know them)."""
@@ -320,7 +263,7 @@ class WorkflowMachine(RuleBasedStateMachine):
                 steps[parent].children.append(name)
         run_id = workflow.enqueue().pk
         positions = {graph[i][0]: n for n, i in enumerate(declared)}
-        run = self.runs[run_id] = RunModel(run_id, steps, positions, open=len(steps))
+        run = self.runs[run_id] = RunModel(run_id, steps, open=len(steps), positions=positions)
         refused, _ = self.release(run, [step for step in steps.values() if not step.parents])
         run.open -= len(refused)
         run.failed += len(refused)

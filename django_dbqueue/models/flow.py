@@ -401,7 +401,7 @@ def claim_controlled(
     """
     window = min(limit + EXTRA_CANDIDATES, MAX_CANDIDATES)
     rules, params = _plan(using, queue, options)
-    joined = (options.group_concurrency or options.kind_group_concurrency) and locks_outer_joined_rows(using)
+    joined = bool(options.group_concurrency or options.kind_group_concurrency) and locks_outer_joined_rows(using)
     held = rules != "plain"  # a queue-wide rate holds back no row in particular: nothing to set aside
     if held:
         bring_back(using, queue, options, rules, params)
@@ -424,19 +424,59 @@ def claim_controlled(
         return [], retry_in
     clock = aware_clock(rows[0][-1])
     group_of = {row[0]: _group(row) for row in rows}
-    kind_of = {row[0]: _kind(row) for row in rows}
     if options.ordered and locking_reads_see_newer_rows(using):
         rows = heads_only(using, queue, rows, group_of)
-    if options.group_concurrency or options.kind_group_concurrency:
-        locked = {row[-2] for row in rows if row[-2] is not None} if joined else set()
-        rows = _within_group_limits(using, queue, rows, options, group_of, kind_of, clock, limit, locked)
-    else:
-        rows = rows[:limit]
+    lease = (seconds, token, worker)
+    return _within_rules(using, queue, rows, group_of, clock, limit, options, joined, lease, retry_in)
+
+
+def _within_rules(
+    using: str,
+    queue: str,
+    rows: list[Any],
+    group_of: dict[int, str | None],
+    clock: datetime,
+    limit: int,
+    options: QueueOptions,
+    joined: bool,
+    lease: tuple[float, str, str],
+    retry_in: float | None,
+) -> tuple[list[LiveMessage], float | None]:
+    """Lease up to ``limit`` of the candidates ``rows`` (their groups: ``group_of``) that the group limits,
+    then the rate, let through; ``clock``: the claim's; ``lease``: its seconds, token and worker.
+
+    Each round asks the groups' locks and the rate's slots for as many
+    rows as the claim still wants, in claim order, and leases what they
+    let through. On a per-group rate, a round whose rows' groups had too
+    few slots left is followed by one over the candidates of the groups
+    that had enough: one busy group does not stop the claim short, and no
+    round asks for more slots than the messages the claim still wants.
+    """
+    kind_of = {row[0]: _kind(row) for row in rows}
+    order = {row[0]: n for n, row in enumerate(rows)}
     rate = options.rate_limit
-    if rate is not None and rows:
-        rows, rate_in = _within_rate(using, queue, rows, rate, group_of, clock)
-        retry_in = rate_in if retry_in is None or rate_in is None else min(retry_in, rate_in)
-    return lease_rows(using, rows, seconds, token, worker), retry_in
+    grouped = options.group_concurrency or options.kind_group_concurrency
+    locked = {row[-2] for row in rows if row[-2] is not None} if joined else set()
+    leased: list[LiveMessage] = []
+    for _ in range(len(rows)):  # each round leases a row or spends a scope, or is the last
+        wanted = limit - len(leased)
+        if grouped:
+            chosen = _within_group_limits(using, queue, rows, options, group_of, kind_of, clock, wanted, locked)
+        else:
+            chosen = rows[:wanted]
+        spent: set[str] = set()
+        if rate is not None and chosen:
+            chosen, rate_in, spent = _within_rate(using, queue, chosen, rate, group_of, clock)
+            retry_in = rate_in if retry_in is None or rate_in is None else min(retry_in, rate_in)
+        leased += lease_rows(using, chosen, *lease)
+        if len(leased) >= limit or not spent or rate is None or not rate.per_group:
+            break
+        done = {row[0] for row in chosen}
+        rows = [row for row in rows if row[0] not in done and (group_of[row[0]] or "") not in spent]
+        if not rows:
+            break
+    leased.sort(key=lambda message: order[message.pk])
+    return leased, retry_in
 
 
 # --- held-back messages set aside, and brought back ---------------------------------------------
@@ -508,15 +548,17 @@ def bring_back(using: str, queue: str, options: QueueOptions, rules: str, params
 def _back_per_group(options: QueueOptions) -> int:
     """How many of a set-aside group's oldest messages a claim looks at: as many as the group may run at once.
 
-    One for a FIFO group (only its head may run); else the largest of its
-    limits and its per-group rate's count, at most `MAX_BACK_PER_GROUP`.
+    One for a FIFO group (only its head may run). Else the group limit of
+    the kinds without one of their own (`MAX_BACK_PER_GROUP` where there
+    is none) plus each kind's own limit, as those count apart; at most the
+    per-group rate's count, and at most `MAX_BACK_PER_GROUP`.
     """
     if options.ordered:
         return 1
-    limits = [n for n in (options.group_concurrency, *options.kind_group_concurrency.values()) if n]
+    at_once = (options.group_concurrency or MAX_BACK_PER_GROUP) + sum(options.kind_group_concurrency.values())
     if options.rate_limit is not None and options.rate_limit.per_group:
-        limits.append(options.rate_limit.count)
-    return max(1, min(max(limits, default=1), MAX_BACK_PER_GROUP))
+        at_once = min(at_once, options.rate_limit.count)
+    return max(1, min(at_once, MAX_BACK_PER_GROUP))
 
 
 def _set_aside_groups(using: str, queue: str) -> list[str] | None:
@@ -770,8 +812,12 @@ def in_flight(using: str, queue: str, groups: list[str], clock: datetime) -> Cou
 
 def _within_rate(
     using: str, queue: str, rows: list[Any], rate: RateLimit, group_of: dict[int, str | None], clock: datetime
-) -> tuple[list[Any], float | None]:
-    """The rows, in claim order, that free rate slots allow; the slots are stamped with the claim's time."""
+) -> tuple[list[Any], float | None, set[str]]:
+    """The rows, in claim order, that free rate slots allow; the slots are stamped with the claim's time.
+
+    Also returns when to claim again if some were held back, and the
+    scopes (groups, or ``""``) that had fewer free slots than rows.
+    """
     wanted: Counter[str] = Counter((group_of[row[0]] or "") if rate.per_group else "" for row in rows)
     slots = take_slots(using, queue, wanted, rate, clock)
     taken, left = [], Counter({scope: len(ids) for scope, ids in slots.items()})
@@ -792,7 +838,7 @@ def _within_rate(
         oldest = counted.aggregate(m=models.Min("used_at"))
         if oldest["m"] is not None:
             retry_in = max(0.0, (oldest["m"] + timedelta(seconds=rate.seconds) - clock).total_seconds())
-    return taken, retry_in
+    return taken, retry_in, set(held)
 
 
 def _next_slot_in(using: str, queue: str, rate: RateLimit) -> float | None:

@@ -9,9 +9,11 @@ The model is reached through ``self.model``: this module sits below
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from itertools import groupby
 from typing import Any, Self
 
 from django.db import IntegrityError
@@ -325,7 +327,19 @@ class Inserting(StateReads[Live]):
         """
         if len(pending) == 1:  # one INSERT that returns its id on every database
             return [self.insert(*pending[0])]
-        return with_retries(self.db, lambda: self._insert_many(pending), what="enqueue_many")
+        # A keyed message that ran into its key's live one becomes that one (`_adopt`): each try starts
+        # again from the messages as built, or a retry would insert a copy of another producer's message.
+        keyed = [message for message, _ in pending if message.key is not None]
+        built = [(dict(message.__dict__), copy.copy(message._state)) for message in keyed]
+
+        def attempt() -> list[Live]:
+            for message, (fields, state) in zip(keyed, built, strict=True):
+                message.__dict__.clear()
+                message.__dict__.update(fields)
+                message._state = copy.copy(state)
+            return self._insert_many(pending)
+
+        return with_retries(self.db, attempt, what="enqueue_many")
 
     def _insert_alike(
         self, first: Live, delay: float | None, payloads: list[Any], own_headers: list[dict[str, Any]] | None
@@ -343,45 +357,69 @@ class Inserting(StateReads[Live]):
         return messages  # type: ignore[return-value]  # copies of ``first``, a Live
 
     def _insert_many(self, pending: list[tuple[Live, float | None]]) -> list[Live]:
+        """`insert_many` in one transaction: the messages written in the order given.
+
+        The order is the ids' order, which a FIFO group runs by and which
+        decides which of two messages with one key takes it; so the messages
+        go in runs of alike ones (unkeyed, keyed, keyed with rules), each run
+        written at once, one run after the other.
+        """
         using = self.db
         batch = get_settings().enqueue_batch_size
         now = db_now(using)
         due: dict[float | None, datetime] = {}  # by delay: the messages of one call mostly share one
-        messages: list[Live] = []
-        plain: list[Live] = []
-        keyed: list[Live] = []
-        ruled: list[Live] = []
         turns: dict[str, set[str]] = defaultdict(set)
         for message, delay in pending:  # one pass over what may be many thousands
             _timed(message, now, delay, due)
-            messages.append(message)
-            if message.key is None:
-                plain.append(message)
-            else:
-                (ruled if _has_key_rules(message) else keyed).append(message)
             if message.group is not None and flow.takes_turns(using, message.queue):
                 turns[message.queue].add(message.group)
+        result: list[Live] = []
+        taken: set[tuple[str, str]] = set()  # keys a message of this call created
         with write_transaction(using):
             for queue, groups in sorted(turns.items()):
                 flow.take_turns(using, queue, groups)
-            insert_messages(using, plain, batch)
-            for message in plain:
-                message._dbqueue_created = True
-            for message in ruled:
-                message._dbqueue_created = self._insert_keyed_one(message, now)
-            if not keyed:
-                return messages
-            live = self._insert_keyed(keyed, batch)
-            result = []
-            for message in messages:
-                if message.key is None or _has_key_rules(message):
-                    result.append(message)
-                    continue
-                row = live[(message.queue, message.key)]
-                # Ours if the row carries this call's enqueue time and payload.
-                row._dbqueue_created = row.created_at == now and row.payload == message.payload
+            for alike, run in groupby((message for message, _ in pending), key=_insert_rule):
+                messages = list(run)
+                if alike == "plain":
+                    insert_messages(using, messages, batch)
+                    for message in messages:
+                        message._dbqueue_created = True
+                    result += messages
+                elif alike == "ruled":
+                    for message in messages:
+                        message._dbqueue_created = self._insert_keyed_one(message, now)
+                        if message._dbqueue_created:
+                            taken.add((message.queue, message.key))  # type: ignore[arg-type]  # keyed
+                    result += messages
+                else:
+                    result += self._insert_keyed_run(messages, batch, now, taken)
+        return result
+
+    def _insert_keyed_run(
+        self, messages: list[Live], batch: int, now: datetime, taken: set[tuple[str, str]]
+    ) -> list[Live]:
+        """Insert keyed messages (no rules) whose key is not live; return, for each, its key's live row.
+
+        A row is this call's (``was_created``) if it carries this call's
+        enqueue time and the message's payload, for the first message of its
+        key only: the others ran into it. ``taken``: the keys of the call's
+        messages created so far, updated.
+        """
+        live = self._insert_keyed(messages, batch)
+        result = []
+        for message in messages:
+            assert message.key is not None  # keyed messages only
+            name = (message.queue, message.key)
+            row = live[name]
+            if name not in taken and row.created_at == now and row.payload == message.payload:
+                taken.add(name)
+                row._dbqueue_created = True
                 result.append(row)
-            return result
+            else:  # the key's live message, another's or an earlier one of this call
+                self._adopt(message, row)
+                message._dbqueue_created = False
+                result.append(message)
+        return result
 
     def _insert_keyed(self, keyed: list[Live], batch: int) -> dict[tuple[str, str | None], Live]:
         """Insert keyed messages whose key is not live; return the live row of every key.
@@ -429,6 +467,14 @@ def _timed(message: LiveMessage, now: datetime, delay: float | None, due: dict[f
 def _json_bytes(message: LiveMessage) -> int:
     """A message's payload and headers as the INSERT writes them (JSON text, non-ASCII escaped), in bytes."""
     return len(message.payload_json()) + len(headers_json(message))
+
+
+def _insert_rule(message: LiveMessage) -> str:
+    """How `Inserting._insert_many` writes ``message``: "plain" (no key), "keyed", or "ruled" (a key with a
+    unique window or a debounce, applied one message at a time)."""
+    if message.key is None:
+        return "plain"
+    return "ruled" if _has_key_rules(message) else "keyed"
 
 
 def _has_key_rules(message: LiveMessage) -> bool:
