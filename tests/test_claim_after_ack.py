@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, connections
 
 import django_dbqueue
 from django_dbqueue import Step, Workflow
@@ -138,9 +138,10 @@ def test_a_commit_whose_reply_was_lost_is_answered_by_the_leases_it_made(monkeyp
         pytest.skip("SQLite has no connection to lose")
     chain("a", "b").enqueue()
     root = root_of()
-    # MySQL's acknowledging transaction is short_transaction's, whose COMMIT may go out with the claim's UPDATE;
-    # PostgreSQL's is Django's atomic().
-    owner, name = (transactions, "_commit") if connection.vendor == "mysql" else (connection, "commit")
+    # The acknowledging transaction is short_transaction's, whose COMMIT may go out with the claim's UPDATE,
+    # where it begins its own (MySQL, psycopg 3); else Django's atomic().
+    begins_itself = transactions._begins_itself(connections["default"])
+    owner, name = (transactions, "_commit") if begins_itself else (connection, "commit")
     real_commit = getattr(owner, name)
     lost: list[bool] = []
 

@@ -239,7 +239,7 @@ def _pipelines(connection: BaseDatabaseWrapper) -> bool:
     return type(connection).create_cursor is MySQL.create_cursor and not watched(connection)
 
 
-def _groups(connection: BaseDatabaseWrapper) -> bool:
+def sends_together(connection: BaseDatabaseWrapper) -> bool:
     """Whether several statements can go to the server in one query on ``connection``, each answered in turn:
     MySQLdb's connection, which mysqlclient opens with multiple statements allowed (as `_pipelines` checks
     it), or psycopg 3's with Django's own client-side binding cursor, and nothing watching statements."""
@@ -358,7 +358,7 @@ class _Group:
             return
         connection = self.connection
         try:
-            if not _groups(connection):  # something began to watch statements: each one through Django's cursor
+            if not sends_together(connection):  # something began to watch statements: each one through Django's cursor
                 _send_one_by_one(connection, statements)
                 return
             start = 0
@@ -406,7 +406,7 @@ def grouping(using: str) -> Iterator[None]:
     `later` queues a statement and returns a `Later`; the statements
     queued go out with the next one whose answer is needed (`run`,
     `Later.get`), in one query where the driver takes several statements
-    (`_groups`: mysqlclient's and psycopg's connections), and what still
+    (`sends_together`: mysqlclient's and psycopg's connections), and what still
     waits goes out when the block ends. Their answers are read in order:
     a statement the server refuses stops the ones after it (they raise
     `NotRun`), and a ``read`` that refuses its answer raises once all of
@@ -425,7 +425,7 @@ def grouping(using: str) -> Iterator[None]:
         return
     if not connection.in_atomic_block and connection.get_autocommit():
         raise TransactionManagementError("grouping() holds statements back only inside a transaction")
-    if not _groups(connection):
+    if not sends_together(connection):
         yield
         return
     limit = statement_bytes(using)  # read before anything waits: it may be a statement of its own

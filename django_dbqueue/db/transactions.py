@@ -70,7 +70,7 @@ def short_transaction(using: str) -> Iterator[None]:
     again after it; on MySQL and MariaDB each switch is a statement the
     server answers (``SET autocommit``), so a transaction of two statements
     costs five round trips instead of four. Here, on an autocommit
-    connection outside any ``atomic()``, MySQL gets ``START TRANSACTION``
+    connection outside any ``atomic()``, the server gets ``START TRANSACTION``
     ... ``COMMIT`` instead, and Django's own state says "in a transaction"
     as ``atomic()`` leaves it: ``on_commit`` hooks run once the COMMIT
     succeeds (and are dropped on a rollback; one that raises is logged),
@@ -78,15 +78,16 @@ def short_transaction(using: str) -> Iterator[None]:
     goes wrong is rolled back, and so is a transaction Django marked for a
     rollback or whose connection was closed inside (with an error: nothing
     was committed); a connection whose state is then unknown is closed,
-    never reused mid-transaction. Elsewhere (PostgreSQL, SQLite, inside
-    ``atomic()``) this is `write_transaction`.
+    never reused mid-transaction. PostgreSQL through psycopg 3 gets the
+    same (`_begins_itself`), which spares psycopg's own ``BEGIN`` a round
+    trip. Elsewhere (SQLite, psycopg2, inside ``atomic()``) this is
+    `write_transaction`.
     """
     connection = connections[using]
-    if connection.vendor != "mysql" or connection.in_atomic_block or not connection.get_autocommit():
+    if not _begins_itself(connection):
         with write_transaction(using):
             yield
         return
-    connection.ensure_connection()
     # Django's view of the session, as atomic() sets it, without the SET autocommit=0 that atomic()
     # would send: the server's autocommit stays on, suspended by START TRANSACTION until COMMIT.
     connection.autocommit = False
@@ -116,6 +117,24 @@ def short_transaction(using: str) -> Iterator[None]:
     finally:
         connection.autocommit = True
     _run_hooks(connection)
+
+
+def _begins_itself(connection: BaseDatabaseWrapper) -> bool:
+    """Whether `short_transaction` may begin its transaction by a statement of its own on ``connection``:
+    an autocommit connection outside ``atomic()``, on MySQL/MariaDB, or on PostgreSQL through psycopg 3
+    where statements go out together (`cursors.grouping`) and the driver's own ``BEGIN`` would say nothing
+    more (no isolation level, read-only or deferrable mode set on it). psycopg 3 commits and rolls back a
+    transaction a statement began; psycopg2, in autocommit, ignores both."""
+    if connection.vendor not in ("mysql", "postgresql") or connection.in_atomic_block:
+        return False
+    if not connection.get_autocommit():  # connects, if needed
+        return False
+    if connection.vendor == "mysql":
+        return True
+    driver = connection.connection
+    if not cursors.sends_together(connection):
+        return False
+    return all(getattr(driver, name, None) is None for name in ("isolation_level", "read_only", "deferrable"))
 
 
 def _commit(connection: BaseDatabaseWrapper) -> None:

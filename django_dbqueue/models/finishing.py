@@ -249,12 +249,12 @@ class Finishing(Leasing[Live]):
                 if not steps:
                     return ack_leased(using, tokens, archived, worker, kept, notes).get()
                 try:  # the steps' statements go out with the ack's, as if every lease held (almost always)
-                    with write_transaction(using), cursors.grouping(using):
+                    with short_transaction(using), cursors.grouping(using):
                         ack_leased(using, tokens, archived, worker, kept, notes, _all_of(everyone))
                         return settle(everyone)
                 except _LeaseMoved:  # rolled back: the ack first, then the steps of what it acked
                     pass
-                with write_transaction(using):
+                with short_transaction(using):
                     return settle(ack_leased(using, tokens, archived, worker, kept, notes).get())
 
             return with_retries(using, lambda: answered(one), what="ack_many")

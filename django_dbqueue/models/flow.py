@@ -739,7 +739,7 @@ def lock_groups(using: str, queue: str, groups: list[str]) -> set[str]:
     """Lock the rows of ``groups`` (created where missing), skipping those another claim holds; the ones locked.
 
     Hand-written, not the ORM: it runs in the claim's short transaction,
-    which on MySQL is not one of Django's (`short_transaction`).
+    which on MySQL and psycopg 3 is not one of Django's (`short_transaction`).
     """
     if not groups:
         return set()
