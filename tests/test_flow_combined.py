@@ -186,3 +186,27 @@ def test_until_empty_waits_for_a_rate_limit_to_let_the_rest_through():
     status, _ = run_until_empty("fc-rate-group")
     assert status == ExitStatus.OK
     assert not Message.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "limits", [{}, {"GROUP_CONCURRENCY": 2}, {"KIND_GROUP_CONCURRENCY": {"solo": 2}}], ids=["rate", "group", "kind"]
+)
+def test_a_claim_goes_past_a_group_whose_rate_is_spent_to_the_next_groups(settings, limits):
+    """docs/flow-control.md, "Rate limits": a claim of N whose first candidates share a group with one slot
+    left takes that one, then the next groups' messages, in claim order; each group's slot is used once."""
+    settings.DBQUEUE = {"QUEUES": {QUEUE: {"RATE_LIMIT": "1/m per group", **limits}}}
+    kind = "solo" if "KIND_GROUP_CONCURRENCY" in limits else ""
+    made = {
+        name: django_dbqueue.enqueue(QUEUE, {"n": name}, group=name[0], kind=kind)
+        for name in ["a1", "a2", "a3", "b1", "c1"]
+    }
+    claimed = django_dbqueue.claim(QUEUE, 3)
+    assert [m.payload["n"] for m in claimed] == ["a1", "b1", "c1"]
+    assert {m.pk for m in claimed} == {made[n].pk for n in ("a1", "b1", "c1")}
+    recent = db_now("default") - timedelta(seconds=30)
+    assert sorted(RateSlot.objects.filter(queue=QUEUE, used_at__gt=recent).values_list("group", flat=True)) == [
+        "a",
+        "b",
+        "c",
+    ]
+    assert django_dbqueue.claim(QUEUE, 3) == []  # every group's minute is spent
