@@ -38,7 +38,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db.models import F
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -54,10 +53,9 @@ from django_dbqueue.conf import queue_options
 from django_dbqueue.db.clock import db_now
 from django_dbqueue.exceptions import NotClaimed
 from django_dbqueue.models import ArchivedMessage, FlowGroup, Message, RateSlot, UniqueWindow, flow
-from django_dbqueue.models.timetravel import shift_back
 from django_dbqueue.reaper import Reaper
 from tests.support.doc_models import Rules, claimable
-from tests.support.machines import Profiles, run_machine
+from tests.support.machines import Profiles, advance, run_machine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -149,14 +147,6 @@ COMPARED = ("queue", "kind", "key", "group", "priority", "payload", "attempts")
 
 
 # --- the database's side -------------------------------------------------------------------
-
-
-def advance(seconds: int) -> None:
-    """Let ``seconds`` pass for everything the queue times: live messages, rate slots, unique windows."""
-    amount = timedelta(seconds=seconds)
-    shift_back("default", amount)
-    RateSlot.objects.update(used_at=F("used_at") - amount)
-    UniqueWindow.objects.update(until=F("until") - amount)
 
 
 def empty_tables() -> None:

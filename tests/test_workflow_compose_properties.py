@@ -48,7 +48,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db.models import F
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -67,10 +66,9 @@ from django_dbqueue.models import (
     WorkflowStep,
     flow,
 )
-from django_dbqueue.models.timetravel import shift_back
 from django_dbqueue.reaper import Reaper
 from tests.support.doc_models import Rules, RunModel, Settled, claimable, doom, propagate, settle_runs
-from tests.support.machines import Profiles, run_machine
+from tests.support.machines import Profiles, advance, run_machine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -227,14 +225,6 @@ def backoff(attempts: int) -> int:
     """The wait after failed attempt ``attempts`` (docs/concepts.md, no jitter): whole ticks here."""
     options = queue_options("wc-plain")
     return int(min(options.backoff_max, options.backoff_base * 2 ** (attempts - 1)))
-
-
-def advance(seconds: int) -> None:
-    """Let ``seconds`` pass for everything the queue times: live messages, rate slots, unique windows."""
-    amount = timedelta(seconds=seconds)
-    shift_back("default", amount)
-    RateSlot.objects.update(used_at=F("used_at") - amount)
-    UniqueWindow.objects.update(until=F("until") - amount)
 
 
 def empty_tables() -> None:
