@@ -250,6 +250,8 @@ def test_workflows_drains_a_chain_and_a_fan_out_against_plain_messages(monkeypat
     assert results["workflow chain"]["extra"]["steps"] == 60
     fan = results["workflow fan-out/fan-in"]["extra"]
     assert fan["steps"] == 62 and fan["join_wait_ms"] >= 0  # the join claimed after its last parent's ack
+    assert fan["root_ms"] >= 0 and fan["parents_rate"] > 0  # the root's ack ended before its children were claimed
+    assert fan["parents_ratio"] == pytest.approx(fan["parents_rate"] / results["workflow fan-out/fan-in"]["baseline"])
     # It cleans up after itself, workflows included.
     assert not WorkflowRun.objects.filter(name__startswith="queuebench.").exists()
     assert not ArchivedMessage.objects.filter(queue__startswith="queuebench.").exists()

@@ -861,7 +861,9 @@ class QueueBench:
         them all; W workers, batch B) against ``messages + 2`` plain ones; and
         the join's wait, from its last parent's ack to its claim: once in the
         fan-out, and its percentiles over ``min(JOIN_SAMPLES, messages)``
-        fan-ins of two parents run one after the other by idle workers.
+        fan-ins of two parents run one after the other by idle workers. The
+        fan-out's time is also split: the root's (its ack enqueues the
+        parents), and the parents' own rate against the plain messages'.
         """
         workers, batch, count = self.config.workers, self.config.batch_size, self.config.messages
         chain_steps = min(CHAIN_STEPS, count)
@@ -873,7 +875,7 @@ class QueueBench:
         fan.add("root", WORKFLOW_QUEUE, self.payload)
         parents = fan.group(*(Step(f"s{n}", WORKFLOW_QUEUE, self.payload) for n in range(count)), after=["root"])
         fan.add("join", WORKFLOW_QUEUE, self.payload, after=parents)
-        fan_rate, join_wait = self._workflow_drain(fan, count + 2, workers=workers, batch_size=batch)
+        fan_rate, fan_times = self._workflow_drain(fan, count + 2, workers=workers, batch_size=batch)
         plain_fan, _ = self._workflow_drain(None, count + 2, workers=workers, batch_size=batch)
         samples = min(JOIN_SAMPLES, count)
         waits = self._join_waits(samples, workers=workers, batch_size=batch)
@@ -899,7 +901,8 @@ class QueueBench:
                 plain_fan,
                 {
                     "steps": count + 2,
-                    "join_wait_ms": join_wait,
+                    **fan_times,
+                    "parents_ratio": fan_times.get("parents_rate", 0.0) / plain_fan if plain_fan else 0.0,
                     "baseline": "as many plain messages, the same workers",
                 },
             ),
@@ -929,9 +932,11 @@ class QueueBench:
 
     def _workflow_drain(
         self, workflow: Workflow | None, steps: int, *, workers: int, batch_size: int
-    ) -> tuple[float, float | None]:
+    ) -> tuple[float, dict[str, float]]:
         """Drain ``workflow`` (or ``steps`` plain messages) with orm-worker children: steps/s from the archive's
-        times (first claim to last finish), and the join's wait in ms (its claim after its parents' last finish)."""
+        times (first claim to last finish), and for a fan-out/fan-in (a root, parents, a join), in ms, the join's
+        wait (its claim after its parents' last finish) and the root's (its claim to its children's first claim:
+        its ack, which enqueues them), and the parents' own steps/s (their first claim to their last finish)."""
         self._clean_workflows()
         self.clean()
         if workflow is None:
@@ -943,15 +948,18 @@ class QueueBench:
             drained(steps, 3600, 0.2)
         span = archive.aggregate(first=Min("claimed_at"), last=Max("finished_at"))
         rate = steps / max((span["last"] - span["first"]).total_seconds(), 1e-6)
-        wait = None
+        fan: dict[str, float] = {}
         if workflow is not None and steps > 2:
             rows = {row.headers["dbqueue_step"][1]: row for row in archive.filter(headers__has_key="dbqueue_step")}
-            join = rows.get("join")
-            if join is not None and join.claimed_at is not None:
-                last_parent = max(row.finished_at for name, row in rows.items() if name not in ("root", "join"))
-                wait = (join.claimed_at - last_parent).total_seconds() * 1000
+            root, join = rows.pop("root", None), rows.pop("join", None)
+            if root is not None and join is not None and join.claimed_at is not None and rows:
+                first = min(row.claimed_at for row in rows.values())
+                last = max(row.finished_at for row in rows.values())
+                fan["join_wait_ms"] = (join.claimed_at - last).total_seconds() * 1000
+                fan["root_ms"] = (first - root.claimed_at).total_seconds() * 1000
+                fan["parents_rate"] = len(rows) / max((last - first).total_seconds(), 1e-6)
         self._clean_workflows()
-        return rate, wait
+        return rate, fan
 
     @contextlib.contextmanager
     def _workflow_workers(self, workers: int, batch_size: int) -> Iterator[Callable[[int, float, float], None]]:
@@ -1109,6 +1117,11 @@ def as_table(results: list[Result], config: BenchConfig) -> str:
         if r.phase.startswith(("end-to-end", "workflow join")):
             lines.append(
                 f"{'':<4}p50 {r.extra['p50_ms']:.1f} ms, p95 {r.extra['p95_ms']:.1f} ms, p99 {r.extra['p99_ms']:.1f} ms"
+            )
+        if "parents_rate" in r.extra:
+            lines.append(
+                f"{'':<4}the parents alone {r.extra['parents_rate']:,.1f} steps/s ({r.extra['parents_ratio']:.2f} of "
+                f"plain); the root's ack {r.extra['root_ms']:,.0f} ms; the join's wait {r.extra['join_wait_ms']:.1f} ms"
             )
         if "cpu_ms_per_message" in r.extra:
             lines.append(
