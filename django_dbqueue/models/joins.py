@@ -21,7 +21,7 @@ from django.db import connections
 from ..db import cursors
 from ..db.clock import compile_now
 from ..db.sql import for_update_of, json_param, locks_in_sort_order
-from .statements import row_reader
+from .statements import loaded, row_reader
 
 WORKFLOW_TABLE = "dbqueue_workflow"
 STEP_TABLE = "dbqueue_workflow_step"
@@ -99,7 +99,7 @@ def lock_children(using: str, workflow_id: int, parents: Sequence[str]) -> curso
     connection = connections[using]
     qn = connection.ops.quote_name
     model = apps.get_model("django_dbqueue", "WorkflowStep")
-    columns, build = row_reader(using, model, model.from_db)
+    columns, build = row_reader(using, model, loaded(model))
     step, edge = qn(STEP_TABLE), qn(EDGE_TABLE)
     lock = for_update_of(using, STEP_TABLE)
 

@@ -30,7 +30,7 @@ from .consuming import ConsumerActions
 from .fields import NameField
 from .inserting import ENQUEUE_OPTIONS, build_unsaved, message_headers
 from .reporting import HandlerReports
-from .statements import MESSAGE_TABLE
+from .statements import MESSAGE_TABLE, without_init
 from .states import MessageState, StateAnnotations, exhausted, held_token, lease_held, state_filters
 
 # Defined by the modules the queryset is made of, and imported from here by the package.
@@ -155,19 +155,8 @@ class Message(ConsumerActions, HandlerReports, models.Model):
 
     @classmethod
     def _without_init(cls, fields: Iterable[tuple[str, Any]], db: str | None = None) -> Self:
-        """An instance holding ``fields``, made without Model.__init__: loaded from ``db``, or new when None.
-
-        Model.__init__ was a sixth of a single enqueue's Python time and more
-        than half of turning a claimed row into a message (4.4 µs a row against
-        1.9); Django's ``pre_init``/``post_init`` are not sent (docs/signals.md).
-        """
-        message = cls.__new__(cls)
-        message.__dict__.update(fields)
-        state = message._state = ModelState()
-        if db is not None:
-            state.adding = False
-            state.db = db
-        return message
+        """A message holding ``fields``, made without Model.__init__ (`statements.without_init`)."""
+        return without_init(cls, fields, db)
 
     @classmethod
     def unsaved(cls, **fields: Any) -> Self:

@@ -952,9 +952,9 @@ class QueueBench:
         if workflow is not None and steps > 2:
             rows = {row.headers["dbqueue_step"][1]: row for row in archive.filter(headers__has_key="dbqueue_step")}
             root, join = rows.pop("root", None), rows.pop("join", None)
-            if root is not None and join is not None and join.claimed_at is not None and rows:
-                first = min(row.claimed_at for row in rows.values())
-                last = max(row.finished_at for row in rows.values())
+            claims = [row.claimed_at for row in rows.values() if row.claimed_at is not None]
+            if root and root.claimed_at and join and join.claimed_at and claims:
+                first, last = min(claims), max(row.finished_at for row in rows.values())
                 fan["join_wait_ms"] = (join.claimed_at - last).total_seconds() * 1000
                 fan["root_ms"] = (first - root.claimed_at).total_seconds() * 1000
                 fan["parents_rate"] = len(rows) / max((last - first).total_seconds(), 1e-6)
