@@ -627,7 +627,7 @@ def without_init(cls: type[M], fields: Iterable[tuple[str, Any]], db: str | None
     Model.__init__ was a sixth of a single enqueue's Python time and more
     than half of turning a claimed row into a message (4.4 µs a row against
     1.9); a workflow step's row read by the join, 9.5 µs against 3.6 (the
-    root of a 10,000-step fan-out reads 10,000). Django's
+    root of a 10,000-step fan-out reads 9,998). Django's
     ``pre_init``/``post_init`` are not sent (docs/signals.md).
     """
     instance = cls.__new__(cls)

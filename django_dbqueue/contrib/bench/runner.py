@@ -142,7 +142,7 @@ def median_result(results: list[Result]) -> Result:
     extra = {
         key: statistics.median(r.extra[key] for r in results)
         for key, value in first.extra.items()
-        if isinstance(value, int | float)
+        if isinstance(value, int | float) and all(key in r.extra for r in results)
     }
     extra["runs"] = [r.extra for r in results]
     return Result(
@@ -902,7 +902,7 @@ class QueueBench:
                 {
                     "steps": count + 2,
                     **fan_times,
-                    "parents_ratio": fan_times.get("parents_rate", 0.0) / plain_fan if plain_fan else 0.0,
+                    **({"parents_ratio": fan_times["parents_rate"] / plain_fan} if "parents_rate" in fan_times else {}),
                     "baseline": "as many plain messages, the same workers",
                 },
             ),
@@ -1118,7 +1118,7 @@ def as_table(results: list[Result], config: BenchConfig) -> str:
             lines.append(
                 f"{'':<4}p50 {r.extra['p50_ms']:.1f} ms, p95 {r.extra['p95_ms']:.1f} ms, p99 {r.extra['p99_ms']:.1f} ms"
             )
-        if "parents_rate" in r.extra:
+        if "parents_ratio" in r.extra:
             lines.append(
                 f"{'':<4}the parents alone {r.extra['parents_rate']:,.1f} steps/s ({r.extra['parents_ratio']:.2f} of "
                 f"plain); the root's ack {r.extra['root_ms']:,.0f} ms; the join's wait {r.extra['join_wait_ms']:.1f} ms"
